@@ -1,0 +1,27 @@
+# Two commands do all set-up on a fresh machine:
+#   make fit    create the environment if missing, then run the tiny CPU demo (rlx fit params.yaml)
+#   make test   create the environment if missing, then run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install fit test bench clean-run
+
+install: $(STAMP)
+
+# torch is pinned by constraints.txt to the CPU build; the package itself keeps a loose range.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --progress-bar off --upgrade pip
+	$(BIN)/python -m pip install --quiet --progress-bar off -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+fit: $(STAMP)
+	$(BIN)/rlx fit params.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-json=benchmark.json

@@ -1,0 +1,68 @@
+"""Reading and writing artifacts: parquet tables, JSON records and model folders, always atomically.
+
+Every writer goes to a temporary name in the same folder and renames it into place, so a killed
+process never leaves a half-written artifact under the real name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None = None) -> Path:
+    """Write a list of row dicts as parquet (an empty list needs ``schema``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=schema)
+    tmp = _temporary(path)
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return pq.read_table(path).to_pylist()
+
+
+def write_json(data: Any, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(path)
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+@contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces ``path`` whole, on failure it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)

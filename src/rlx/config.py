@@ -1,0 +1,441 @@
+"""The run's configuration: one typed tree, loaded from ``params.yaml``.
+
+Field and section names follow XTuner v1's ``RLTrainerConfig`` (``load_from``, ``dataflow_config``,
+``train_worker_cfg``, ...) so a user can carry a config over. Where rlx adds or differs, the field's
+description says so. Every model forbids unknown keys: a typo is an error, never a silent default.
+
+``load(path, overrides)`` is the single entry point; it raises :class:`ConfigError` whose message
+names the field path, the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlx.errors import UserError
+
+
+class ConfigError(UserError):
+    """The configuration file or an override is invalid."""
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are rejected, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------------------
+# rlx additions: the synthetic task and the tiny base model (made, not downloaded)
+# --------------------------------------------------------------------------------------------
+
+
+class SyntheticTaskConfig(Section):
+    """rlx addition: the arithmetic word-problem task the CPU demo trains on."""
+
+    output_dir: Path = Field(Path("data/arith"), description="Where train/test parquet files are written.")
+    train_size: int = Field(20000, gt=0, description="Number of training problems.")
+    test_size: int = Field(200, gt=0, description="Number of held-out problems (never seen in training).")
+    num_operands: int = Field(2, ge=2, le=4, description="Operands per problem: the main difficulty knob.")
+    max_operand: int = Field(20, ge=2, description="Operands are drawn from 1..max_operand.")
+    operations: list[Literal["+", "-", "*"]] = Field(["+", "-"], min_length=1, description="Allowed operations.")
+    holdout_by: Literal["question", "arithmetic"] = Field(
+        "question", description="What no held-out problem shares with training: its question or its arithmetic."
+    )
+    seed: int = Field(0, description="Generation seed; train and test are disjoint for any seed.")
+
+
+class TinyModelConfig(Section):
+    """rlx addition: architecture and supervised warm start of the tiny Qwen3 base model."""
+
+    output_dir: Path = Field(Path("data/tiny-qwen3"), description="HF model folder written by `rlx init-model`.")
+    metrics_path: Path = Field(Path("data/warm_start.json"), description="Warm-start metrics (a DVC metric).")
+    vocab_size: int = Field(384, ge=64, description="Target size of the locally trained BPE vocabulary.")
+    hidden_size: int = Field(160, gt=0)
+    intermediate_size: int = Field(480, gt=0)
+    num_hidden_layers: int = Field(4, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    num_key_value_heads: int = Field(2, gt=0)
+    max_position_embeddings: int = Field(256, gt=0)
+    sft_steps: int = Field(200, ge=0, description="Supervised warm-start steps; few on purpose, so RL has room.")
+    sft_batch_size: int = Field(64, gt=0)
+    sft_lr: float = Field(3e-3, gt=0)
+    eval_max_tokens: int = Field(32, gt=0, description="Response budget when measuring held-out accuracy.")
+    seed: int = Field(0, description="Seed of initialisation and warm start; same seed, same weights.")
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# XTuner RLTrainerConfig sections
+# --------------------------------------------------------------------------------------------
+
+
+class AcceleratorResourcesConfig(Section):
+    """Where training runs (XTuner ``resources``)."""
+
+    accelerator: Literal["CPU", "GPU"] = Field("CPU", description="rlx default CPU (XTuner: GPU).")
+    num_workers: int = Field(1, gt=0, description="Training processes; >1 launches through DeepSpeed's launcher.")
+    num_cpus_per_worker: int = Field(2, gt=0)
+    cpu_memory_per_worker: int = Field(8 * 1024**3, gt=0, description="Bytes of host memory per worker.")
+
+
+class SampleParams(Section):
+    """Sampling parameters of rollout and evaluation (XTuner ``SampleParams``)."""
+
+    n: int = Field(1, gt=0, description="Samples per prompt in evaluation (rollout uses prompt_repeat_k).")
+    temperature: float = Field(1.0, ge=0, description="0 means greedy.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 disables top-k.")
+    repetition_penalty: float = Field(1.0, gt=0)
+    max_tokens: int = Field(64, gt=0, description="New tokens per response.")
+    min_tokens: int = Field(0, ge=0)
+    stops: list[str] = Field(default_factory=list, description="Stop strings (not included in the response).")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Stop ids besides the tokenizer's EOS.")
+    skip_special_tokens: bool = True
+    do_sample: bool = True
+    seed: int | None = Field(
+        None, description="rlx addition: sampling seed; None derives it from the run seed and step."
+    )
+
+
+class RolloutConfig(Section):
+    """The rollout engine (XTuner ``RolloutConfig``)."""
+
+    backend: Literal["transformers", "lmdeploy"] = Field(
+        "transformers",
+        description="rlx addition: the engine as a field (XTuner picks it by environment variable). "
+        "`lmdeploy` needs the `gpu` extra.",
+    )
+    lmdeploy_backend: Literal["pytorch", "turbomind"] = "pytorch"
+    tensor_parallel_size: int = Field(1, gt=0)
+    gpu_memory_utilization: float = Field(0.7, gt=0, le=1)
+    context_length: int = Field(512, gt=0, description="Prompt plus response tokens the engine must hold.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    rollout_max_batch_size: int = Field(1024, gt=0, description="Sequences generated together in one batch.")
+    extra_engine_args: dict[str, Any] = Field(default_factory=dict, description="Passed to the engine as is.")
+
+
+class DataFlowConfig(Section):
+    """How many samples a rollout step makes (XTuner ``DataFlowConfig``)."""
+
+    global_batch_size: int = Field(16, gt=0, description="Prompt groups per rollout step.")
+    prompt_repeat_k: int = Field(8, gt=0, description="Responses per prompt (the group size).")
+    sample_params: SampleParams = Field(default_factory=SampleParams)
+    enable_dynamic_sampling: bool = Field(False, description="rlx addition: drop zero-variance groups (DAPO).")
+    max_retry_times: int = Field(3, ge=0, description="Extra batches tried to refill dropped groups.")
+
+
+class DatasetConfig(Section):
+    """One prompt dataset: parquet or jsonl rows with ``data_source``, ``prompt`` and ``reward_model``."""
+
+    name: str = Field(..., min_length=1)
+    anno_path: Path = Field(..., description="A .parquet or .jsonl file, or a folder of them.")
+    sample_ratio: float = Field(1.0, gt=0, description="Fraction of rows used (above 1 repeats rows).")
+
+
+class ReplayBufferConfig(Section):
+    """Where prompts come from (XTuner ``ReplayBufferConfig``)."""
+
+    dataset_cfg: list[DatasetConfig] = Field(
+        default_factory=lambda: [DatasetConfig(name="arith", anno_path=Path("data/arith/train.parquet"))],
+        min_length=1,
+    )
+    max_prompt_length: int = Field(128, gt=0, description="Longer prompts are dropped and counted.")
+    shuffle: bool = True
+
+
+class JudgerItemConfig(Section):
+    """One reward judger and the rows it scores."""
+
+    judger_name: str = Field(..., min_length=1, description="A registered judger, e.g. `arith` or `gsm8k`.")
+    data_source: list[str] = Field(default_factory=list, description="Rows it scores; empty means its own name.")
+    weight: float = Field(1.0, description="Weight in the total reward.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Judger-specific options.")
+
+
+class JudgerConfig(Section):
+    """Verifiable rewards (XTuner ``JudgerConfig``)."""
+
+    reward_judger_configs: list[JudgerItemConfig] = Field(
+        default_factory=lambda: [JudgerItemConfig(judger_name="arith", data_source=["rlx/arith"])],
+        min_length=1,
+    )
+    timeout: float = Field(5.0, gt=0, description="Seconds per sample before its reward is 0.")
+
+
+class AdamWConfig(Section):
+    """Optimizer (XTuner ``AdamWConfig``)."""
+
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+
+
+class LRConfig(Section):
+    """Learning-rate schedule (XTuner ``LRConfig``)."""
+
+    lr_type: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of optimizer steps spent warming up.")
+    lr_min: float = Field(0.0, ge=0)
+
+
+class PolicyLossConfig(Section):
+    """The clipped surrogate (XTuner ``policy_loss_cfg``)."""
+
+    loss_type: Literal["vanilla"] = "vanilla"
+    cliprange_low: float = Field(0.2, ge=0)
+    cliprange_high: float = Field(0.2, ge=0, description="Above cliprange_low gives DAPO's clip-higher.")
+    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages.")
+
+
+class LossConfig(Section):
+    """The RL loss (XTuner ``GRPOLossConfig``)."""
+
+    policy_loss_cfg: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+    use_kl_loss: bool = False
+    kl_loss_coef: float = Field(0.001, ge=0)
+    kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0, description="rlx addition: entropy bonus.")
+
+
+class DeepSpeedConfig(Section):
+    """rlx addition (XTuner uses FSDP): how DeepSpeed trains the policy."""
+
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    precision: Literal["fp32", "bf16"] = "fp32"
+    offload_optimizer: bool = False
+    activation_checkpointing: bool = False
+
+
+class WorkerConfig(Section):
+    """The training engine (XTuner ``WorkerConfig``)."""
+
+    optim_cfg: AdamWConfig = Field(default_factory=AdamWConfig)
+    lr_cfg: LRConfig = Field(default_factory=LRConfig)
+    loss_cfg: LossConfig = Field(default_factory=LossConfig)
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    optimizer_steps: int = Field(1, gt=0, description="Optimizer steps (mini-batches) per rollout step.")
+    pack_max_length: int = Field(4096, gt=0, description="Token budget of one micro-batch.")
+
+
+class EvaluatorConfig(Section):
+    """Held-out evaluation (XTuner ``EvaluatorConfig``)."""
+
+    enable_evaluate: bool = True
+    enable_initial_evaluate: bool = Field(True, description="Evaluate the base policy as step 0 (rlx default on).")
+    evaluate_step: int = Field(5, gt=0, description="Evaluate every this many rollout steps and at the end.")
+    dataset_cfg: list[DatasetConfig] = Field(
+        default_factory=lambda: [DatasetConfig(name="arith", anno_path=Path("data/arith/test.parquet"))],
+        min_length=1,
+    )
+    eval_sample_ratio: float = Field(1.0, gt=0, le=1)
+    sample_params: SampleParams = Field(default_factory=lambda: SampleParams(temperature=0.0, do_sample=False))
+
+
+class AdvantageEstimatorConfig(Section):
+    """How rewards become advantages."""
+
+    type: Literal["grpo"] = "grpo"
+    eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
+
+
+class LoadCheckpointConfig(Section):
+    """Resuming from an explicit checkpoint (XTuner ``LoadCheckpointConfig``)."""
+
+    checkpoint_path: Path | None = None
+    load_optimizer_states: bool = True
+    load_optimizer_args: bool = True
+    load_dataset: bool = True
+    load_scheduler: bool = True
+
+
+class WandbConfig(Section):
+    """rlx addition: Weights & Biases logging of every step."""
+
+    enabled: bool = True
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline by default; `online` needs WANDB_API_KEY or a `wandb login`."
+    )
+    project: str = "rlx"
+    entity: str | None = None
+    name: str | None = Field(None, description="Run name; defaults to the work_dir's name.")
+
+
+class RunPointer(Section):
+    """rlx addition: which iteration `dvc repro` runs. `rlx fit` advances it; DVC paths use it."""
+
+    step: int = Field(1, ge=1, description="The rollout step the pipeline's stages produce.")
+    prev: int = Field(0, ge=0, description="step - 1: whose policy the step starts from (DVC cannot subtract).")
+
+    @model_validator(mode="after")
+    def _prev_is_step_minus_one(self) -> RunPointer:
+        if self.prev != self.step - 1:
+            raise ValueError(f"run.prev must be run.step - 1 = {self.step - 1}, got {self.prev}")
+        return self
+
+
+class RLTrainerConfig(Section):
+    """The whole run. Mirrors XTuner v1's ``RLTrainerConfig``."""
+
+    load_from: Path = Field(Path("data/tiny-qwen3"), description="Base model: a HF folder.")
+    tokenizer_path: Path = Field(Path("data/tiny-qwen3"))
+    work_dir: Path = Field(Path("runs/demo"), description="Every artifact of the run lives under it.")
+    total_epochs: int = Field(1, gt=0)
+    rollout_steps: int | None = Field(None, gt=0, description="If set, the run's length in steps (overrides epochs).")
+    seed: int = 42
+    auto_resume: bool = Field(True, description="rlx default on: a rerun continues where it stopped.")
+    checkpoint_interval: int = Field(10, description="Steps between resumable checkpoints; -1 disables.")
+    checkpoint_maxkeep: int = Field(2, description="Checkpoints kept; -1 keeps all.")
+    checkpoint_no_save_optimizer: bool = False
+    hf_interval: int = Field(-1, description="Steps between HF exports; -1 exports only at the end.")
+    hf_max_keep: int = Field(1, description="HF exports kept; -1 keeps all.")
+    exp_tracker: Literal["jsonl", "tensorboard"] = Field(
+        "jsonl", description="Local tracker (XTuner default tensorboard)."
+    )
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    debug_rollout: bool = Field(False, description="Stop after rollout and judge of the first step.")
+    resources: AcceleratorResourcesConfig = Field(default_factory=AcceleratorResourcesConfig)
+    rollout_config: RolloutConfig = Field(default_factory=RolloutConfig)
+    dataflow_config: DataFlowConfig = Field(default_factory=DataFlowConfig)
+    judger_config: JudgerConfig = Field(default_factory=JudgerConfig)
+    replay_buffer_config: ReplayBufferConfig = Field(default_factory=ReplayBufferConfig)
+    train_worker_cfg: WorkerConfig = Field(default_factory=WorkerConfig)
+    evaluator_config: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    advantage_estimator_config: AdvantageEstimatorConfig = Field(default_factory=AdvantageEstimatorConfig)
+    load_checkpoint_cfg: LoadCheckpointConfig = Field(default_factory=LoadCheckpointConfig)
+    synthetic_task: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig)
+    tiny_model: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    run: RunPointer = Field(default_factory=RunPointer)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLTrainerConfig:
+        for name in ("checkpoint_interval", "checkpoint_maxkeep", "hf_interval", "hf_max_keep"):
+            value = getattr(self, name)
+            if value == 0 or value < -1:
+                raise ValueError(f"{name} must be a positive number or -1, got {value}")
+        if self.advantage_estimator_config.type == "grpo" and self.dataflow_config.prompt_repeat_k < 2:
+            raise ValueError(
+                "advantage_estimator_config.type 'grpo' compares responses within a group: "
+                f"dataflow_config.prompt_repeat_k must be at least 2, got {self.dataflow_config.prompt_repeat_k}"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Loading, overrides, errors
+# --------------------------------------------------------------------------------------------
+
+
+def apply_override(tree: dict[str, Any], override: str) -> None:
+    """Set ``a.b.c=value`` in a nested dict; the value is parsed as YAML (``32``, ``true``, ``[1, 2]``)."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {override!r}: expected KEY=VALUE, e.g. dataflow_config.global_batch_size=32")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({exc.problem})") from None
+    *parents, leaf = key.strip().split(".")
+    node: Any = tree
+    for depth, part in enumerate(parents):
+        path = ".".join(parents[: depth + 1])
+        if isinstance(node, list):
+            node = node[_list_index(node, part, path)]
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"override {override!r}: {path} is a {type(node).__name__}, not a section")
+    if isinstance(node, list):
+        node[_list_index(node, leaf, key)] = value
+    elif isinstance(node, dict):
+        node[leaf] = value
+    else:
+        raise ConfigError(f"override {override!r}: {'.'.join(parents)} is a {type(node).__name__}, not a section")
+
+
+def _list_index(items: list, part: str, path: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise ConfigError(f"override path {path}: expected a list index below {len(items)}, got {part!r}")
+    return int(part)
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    """One readable line per problem: the field path, the bad value and what was expected."""
+    lines = [f"{source}: invalid configuration ({error.error_count()} problem{'s' * (error.error_count() > 1)})"]
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"])
+        prefix = f"  {path}: " if path else "  "
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{prefix}unknown field (check the spelling; `rlx config schema` lists every field)")
+        elif item["type"] == "missing":
+            lines.append(f"{prefix}required field is missing")
+        elif isinstance(item["input"], (dict, list)):  # a cross-field rule: its message names the fields
+            lines.append(f"{prefix}{message}")
+        else:
+            lines.append(f"{prefix}{message}; got {item['input']!r}")
+    return "\n".join(lines)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, turning every way it can fail into a ConfigError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', exc)})") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields at the top level, got a {type(tree).__name__}")
+    return tree
+
+
+def load(path: str | Path | None = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> RLTrainerConfig:
+    """Read ``path`` (None: the defaults alone), apply ``KEY=VALUE`` overrides, and validate."""
+    tree = read_yaml(Path(path)) if path is not None else {}
+    for override in overrides:
+        apply_override(tree, override)
+    try:
+        return RLTrainerConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(path or "config"))) from None
+
+
+def to_yaml(config: RLTrainerConfig) -> str:
+    """The resolved config as YAML that :func:`load` reads back to an equal tree."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON schema of params.yaml, for editors and for documentation."""
+    return RLTrainerConfig.model_json_schema()

@@ -1,0 +1,110 @@
+"""Rollout with ``transformers``' ``generate``: the CPU backend (and the reference the GPU one matches).
+
+Token in, token out: prompts arrive as token ids and every response keeps its ids, its per-token
+log-probs and why it ended, so the trainer never re-tokenizes text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rlx.config import SampleParams
+from rlx.rollout.types import Generation
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase, params: SampleParams) -> list[int]:
+    """The tokenizer's EOS ids plus the configured stop ids, without duplicates."""
+    eos = tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    return list(dict.fromkeys([*ids, *params.stop_token_ids]))
+
+
+def generation_kwargs(tokenizer: PreTrainedTokenizerBase, params: SampleParams) -> dict:
+    greedy = not params.do_sample or params.temperature == 0
+    kwargs = {
+        "max_new_tokens": params.max_tokens,
+        "min_new_tokens": params.min_tokens,
+        "do_sample": not greedy,
+        "eos_token_id": stop_ids(tokenizer, params),
+        "pad_token_id": tokenizer.pad_token_id,
+        "repetition_penalty": params.repetition_penalty,
+        "return_dict_in_generate": True,
+        "output_logits": True,
+    }
+    if not greedy:
+        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
+    if params.stops:
+        kwargs.update(stop_strings=list(params.stops), tokenizer=tokenizer)
+    return kwargs
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: Sequence[Sequence[int]],
+    params: SampleParams,
+    *,
+    seed: int,
+    batch_size: int = 1024,
+) -> list[Generation]:
+    """Generate one response per prompt (repeat a prompt to sample a group).
+
+    Log-probs are ``log_softmax(logits / temperature)`` of the sampled token, the distribution the
+    trainer recomputes (greedy uses temperature 1).
+    """
+    torch.manual_seed(seed)
+    kwargs = generation_kwargs(tokenizer, params)
+    temperature = params.temperature if kwargs["do_sample"] else 1.0
+    was_training = model.training
+    model.eval()
+    results: list[Generation] = []
+    for start in range(0, len(prompt_ids), batch_size):
+        chunk = prompt_ids[start : start + batch_size]
+        results.extend(_generate_batch(model, tokenizer, chunk, kwargs, temperature, params))
+    model.train(was_training)
+    return results
+
+
+def _generate_batch(model, tokenizer, chunk, kwargs, temperature, params) -> list[Generation]:
+    width = max(len(ids) for ids in chunk)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in chunk])
+    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    new_tokens = out.sequences[:, width:]
+    logits = torch.stack(out.logits, dim=1).float() / temperature
+    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+    stops = set(kwargs["eos_token_id"])
+    generations = []
+    for row, ids in enumerate(chunk):
+        response = new_tokens[row].tolist()
+        length, finish = _response_length(response, stops, pad, params.max_tokens)
+        response = response[:length]
+        generations.append(
+            Generation(
+                prompt_ids=list(ids),
+                response_ids=response,
+                text=tokenizer.decode(response, skip_special_tokens=params.skip_special_tokens),
+                logprobs=token_logprobs[row, :length].tolist(),
+                finish_reason=finish,
+            )
+        )
+    if params.stops:
+        generations = [g.cut_at_stop_strings(params.stops) for g in generations]
+    return generations
+
+
+def _response_length(response: list[int], stops: set[int], pad: int, max_tokens: int) -> tuple[int, str]:
+    """Where a response ends (its stop token included) and why: ``stop`` or ``length``."""
+    for position, token in enumerate(response):
+        if token in stops:
+            return position + 1, "stop"
+    # A batch runs until its longest member ends; shorter ones are padded afterwards.
+    length = len(response)
+    while length and response[length - 1] == pad and pad not in stops:
+        length -= 1
+    return length, "length" if length >= max_tokens else "stop"

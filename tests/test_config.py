@@ -1,0 +1,176 @@
+"""The config tree: params.yaml round trip, validation of every section, and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlx import config
+from rlx.cli import main
+from rlx.config import ConfigError, RLTrainerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = ROOT / "params.yaml"
+
+
+def test_params_yaml_round_trips(tmp_path):
+    tree = config.load(PARAMS)
+    written = tmp_path / "resolved.yaml"
+    written.write_text(config.to_yaml(tree))
+    assert config.load(written) == tree
+    assert yaml.safe_load(written.read_text())["dataflow_config"]["prompt_repeat_k"] == 8
+
+
+def test_params_yaml_sets_only_known_fields_and_keeps_xtuner_names():
+    raw = yaml.safe_load(PARAMS.read_text())
+    xtuner_sections = {
+        "resources", "rollout_config", "dataflow_config", "judger_config", "replay_buffer_config",
+        "train_worker_cfg", "evaluator_config", "advantage_estimator_config",
+    }  # fmt: skip
+    assert xtuner_sections <= set(raw)
+    assert set(raw) <= set(RLTrainerConfig.model_fields)
+
+
+def test_overrides_reach_nested_fields_and_list_items():
+    tree = config.load(
+        PARAMS,
+        [
+            "dataflow_config.global_batch_size=32",
+            'dataflow_config.sample_params.stops=["\\n\\n"]',
+            "replay_buffer_config.dataset_cfg.0.anno_path=elsewhere.parquet",
+            "train_worker_cfg.optim_cfg.lr=5e-4",
+        ],
+    )
+    assert tree.dataflow_config.global_batch_size == 32
+    assert tree.dataflow_config.sample_params.stops == ["\n\n"]
+    assert tree.replay_buffer_config.dataset_cfg[0].anno_path == Path("elsewhere.parquet")
+    assert tree.train_worker_cfg.optim_cfg.lr == 5e-4
+
+
+def test_defaults_alone_are_a_valid_config():
+    assert config.load(None).dataflow_config.prompt_repeat_k == 8
+
+
+# One bad value per section: the message must name the path, the value, and what was expected.
+SECTION_CASES = [
+    ("total_epochs=0", "total_epochs: Input should be greater than 0; got 0"),
+    ("checkpoint_interval=0", "checkpoint_interval must be a positive number or -1, got 0"),
+    ("exp_tracker=mlflow", "exp_tracker: Input should be 'jsonl' or 'tensorboard'; got 'mlflow'"),
+    ("wandb.mode=sometimes", "wandb.mode: Input should be 'offline', 'online' or 'disabled'; got 'sometimes'"),
+    ("resources.num_workers=0", "resources.num_workers: Input should be greater than 0; got 0"),
+    ("rollout_config.backend=vllm", "rollout_config.backend: Input should be 'transformers' or 'lmdeploy'; got 'vllm'"),
+    ("dataflow_config.sample_params.top_p=1.5", "dataflow_config.sample_params.top_p: Input should be less than or equal to 1; got 1.5"),
+    ("judger_config.timeout=-1", "judger_config.timeout: Input should be greater than 0; got -1"),
+    ("replay_buffer_config.max_prompt_length=0", "replay_buffer_config.max_prompt_length: Input should be greater than 0; got 0"),
+    ("train_worker_cfg.deepspeed.zero_stage=4", "train_worker_cfg.deepspeed.zero_stage: Input should be 0, 1, 2 or 3; got 4"),
+    ("train_worker_cfg.loss_cfg.kl_loss_type=k9", "train_worker_cfg.loss_cfg.kl_loss_type: Input should be 'k1', 'k2', 'k3' or 'abs'; got 'k9'"),
+    ("train_worker_cfg.lr_cfg.warmup_ratio=1", "train_worker_cfg.lr_cfg.warmup_ratio: Input should be less than 1; got 1"),
+    ("evaluator_config.evaluate_step=0", "evaluator_config.evaluate_step: Input should be greater than 0; got 0"),
+    ("advantage_estimator_config.eps=0", "advantage_estimator_config.eps: Input should be greater than 0; got 0"),
+    ("load_checkpoint_cfg.load_dataset=maybe", "load_checkpoint_cfg.load_dataset: Input should be a valid boolean, unable to interpret input; got 'maybe'"),
+    ("synthetic_task.num_operands=7", "synthetic_task.num_operands: Input should be less than or equal to 4; got 7"),
+    ("tiny_model.hidden_size=130", "tiny_model: hidden_size (130) must be divisible by num_attention_heads (4)"),
+    ("dataflow_config.prompt_repeat_k=1", "dataflow_config.prompt_repeat_k must be at least 2, got 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("override", "message"), SECTION_CASES, ids=[case[0] for case in SECTION_CASES])
+def test_every_section_is_validated(override, message):
+    with pytest.raises(ConfigError) as caught:
+        config.load(PARAMS, [override])
+    assert message in str(caught.value)
+    assert str(caught.value).startswith(f"{PARAMS}: invalid configuration (1 problem)")
+
+
+def write(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+BAD_FILES = [
+    ("unknown key", "dataflow_config:\n  global_batchsize: 8\n",
+     "dataflow_config.global_batchsize: unknown field (check the spelling; `rlx config schema` lists every field)"),
+    ("wrong type", "dataflow_config:\n  global_batch_size: many\n",
+     "dataflow_config.global_batch_size: Input should be a valid integer, unable to parse string as an integer; got 'many'"),
+    ("out of range", "dataflow_config:\n  sample_params:\n    temperature: -0.5\n",
+     "dataflow_config.sample_params.temperature: Input should be greater than or equal to 0; got -0.5"),
+    ("missing required field", "replay_buffer_config:\n  dataset_cfg:\n    - name: gsm8k\n",
+     "replay_buffer_config.dataset_cfg.0.anno_path: required field is missing"),
+    ("not a mapping", "- just\n- a list\n", "expected a mapping of fields at the top level, got a list"),
+    ("bad YAML", "dataflow_config: [unclosed\n", "not valid YAML at line 2, column 1"),
+    ("not UTF-8", b"seed: \xff\xfe\n", "cannot read ('utf-8' codec can't decode byte 0xff"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), [c[1:] for c in BAD_FILES], ids=[c[0] for c in BAD_FILES])
+def test_bad_files_give_one_clear_message(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        config.load(path)
+    assert message in str(caught.value)
+    assert str(caught.value).startswith(str(path))
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: no such file"):
+        config.load(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("no_equals_sign", "expected KEY=VALUE"),
+        ("seed=[1, 2", "the value is not valid YAML"),
+        ("replay_buffer_config.dataset_cfg.5.name=x", "expected a list index below 1, got '5'"),
+        ("seed.inner=1", "seed is a int, not a section"),
+    ],
+)
+def test_bad_overrides(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        config.load(PARAMS, [override])
+
+
+def test_cli_reports_user_errors_without_traceback(tmp_path, capsys):
+    path = write(tmp_path, "dataflow_config:\n  prompt_repeat_k: 0\n")
+    with pytest.raises(SystemExit) as exited:
+        main(["config", "show", str(path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "dataflow_config.prompt_repeat_k: Input should be greater than 0; got 0" in err
+    assert "Traceback" not in err
+
+
+def test_cli_show_prints_resolved_yaml_with_overrides(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["config", "show", str(PARAMS), "-S", "seed=7"])
+    assert exited.value.code == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["seed"] == 7
+    assert shown["train_worker_cfg"]["loss_cfg"]["policy_loss_cfg"]["cliprange_high"] == 0.2
+
+
+def test_cli_schema_lists_every_section(tmp_path):
+    out = tmp_path / "schema.json"
+    with pytest.raises(SystemExit) as exited:
+        main(["config", "schema", "-o", str(out)])
+    assert exited.value.code == 0
+    schema = json.loads(out.read_text())
+    assert set(schema["properties"]) == set(RLTrainerConfig.model_fields)
+    assert "WorkerConfig" in schema["$defs"]
+
+
+def test_cli_version_and_help(capsys):
+    from rlx import __version__
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"rlx {__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = capsys.readouterr().out
+    for command in ("init-data", "init-model", "convert-gsm8k", "config"):
+        assert command in help_text

@@ -1,0 +1,69 @@
+"""The tiny base model: deterministic, loadable with transformers, and partially trained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import PARAMS, demo_config
+from rlx.cli import main
+from rlx.data import load_rows, prompt_ids
+from rlx.tasks.arith import write_dataset
+from rlx.tiny_model import build, greedy_accuracy
+
+pytestmark = pytest.mark.slow
+
+
+def test_same_seed_builds_identical_weights_and_tokenizer(tmp_path):
+    files = []
+    for attempt in ("a", "b"):
+        cfg = demo_config(
+            tmp_path / attempt,
+            "synthetic_task.train_size=600",
+            "synthetic_task.test_size=20",
+            "tiny_model.sft_steps=4",
+            "tiny_model.sft_batch_size=16",
+        )
+        write_dataset(cfg.synthetic_task)
+        build(cfg)
+        files.append(cfg.tiny_model.output_dir)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (files[0] / name).read_bytes() == (files[1] / name).read_bytes(), name
+
+
+def test_loads_with_auto_classes_and_generates(tiny_model):
+    cfg, _ = tiny_model
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tiny_model.output_dir)
+    model = AutoModelForCausalLM.from_pretrained(cfg.tiny_model.output_dir)
+    assert model.config.model_type == "qwen3"
+    assert 1_000_000 <= model.num_parameters() <= 5_000_000
+    assert tokenizer.padding_side == "left" and tokenizer.chat_template
+    row = load_rows(cfg.synthetic_task.output_dir / "test.parquet")[0]
+    ids = torch.tensor([prompt_ids(tokenizer, row["prompt"])])
+    out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "####" in text  # the warm start taught the answer format
+
+
+def test_warm_start_accuracy_is_partial_and_reproducible(tiny_model):
+    cfg, metrics = tiny_model
+    assert json.loads(cfg.tiny_model.metrics_path.read_text()) == metrics
+    # Well above 0 and well below 100%: RL has something to start from and room to improve.
+    assert 0.10 <= metrics["held_out_accuracy"] <= 0.60, metrics
+    model = AutoModelForCausalLM.from_pretrained(cfg.tiny_model.output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tiny_model.output_dir)
+    rows = load_rows(cfg.synthetic_task.output_dir / "test.parquet")
+    assert greedy_accuracy(model, tokenizer, rows, "arith", cfg.tiny_model.eval_max_tokens) == pytest.approx(
+        metrics["held_out_accuracy"]
+    )
+
+
+def test_init_model_without_data_says_how_to_make_it(tmp_path, capsys):
+    cfg_args = [f"synthetic_task.output_dir={tmp_path / 'none'}", f"tiny_model.output_dir={tmp_path / 'm'}"]
+    with pytest.raises(SystemExit) as exited:
+        main(["init-model", str(PARAMS), *sum((["-S", a] for a in cfg_args), [])])
+    assert exited.value.code == 2
+    assert "no such dataset file" in capsys.readouterr().err
