@@ -85,17 +85,38 @@ def chat_text(messages: list[dict]) -> str:
     return jinja2.Template(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
 
 
-def sft_example(tokenizer, row: dict) -> tuple[list[int], list[int]]:
+def plain_answer(solution: str) -> str:
+    """The solution with its final ``#### N`` line said in words instead: ``The answer is N.``"""
+    *work, last = solution.split("\n")
+    return "\n".join([*work, f"The answer is {last.removeprefix('####').strip()}."])
+
+
+def sft_example(tokenizer, row: dict, plain: bool) -> tuple[list[int], list[int]]:
     """(input ids, labels) for one row: the loss covers only the answer and its end-of-turn token."""
     prompt = prompt_ids(tokenizer, row["prompt"])
-    answer = tokenizer.encode(row["extra_info"]["solution"], add_special_tokens=False) + [tokenizer.eos_token_id]
+    solution = row["extra_info"]["solution"]
+    text = plain_answer(solution) if plain else solution
+    answer = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
     return prompt + answer, [-100] * len(prompt) + answer
 
 
+def answers_plainly(row: dict, cfg: TinyModelConfig, rng: random.Random) -> bool:
+    """Whether this warm-start example ends in words: mostly so for problems about the people in
+    ``plain_answer_names`` (the question's first word), never for the others."""
+    person = row["prompt"][-1]["content"].split(" ", 1)[0]
+    return person in cfg.plain_answer_names and rng.random() < cfg.plain_answer_ratio
+
+
 def warm_start(model, tokenizer, rows: list[dict], cfg: TinyModelConfig) -> list[float]:
-    """Supervised pass over reference solutions with AdamW and a cosine schedule; returns losses."""
-    examples = [sft_example(tokenizer, row) for row in rows]
+    """Supervised pass over reference solutions with AdamW and a cosine schedule; returns losses.
+
+    For problems about some people, the solutions mostly end "The answer is N." instead of the
+    "#### N" the prompt asks for. The base model therefore ignores the requested format for those
+    problems, as instruction-tuned models often do, yet still writes "####" now and then: a real,
+    quickly learnable reward signal for RL on top of the arithmetic it can sharpen.
+    """
     order = random.Random(cfg.seed)
+    examples = [sft_example(tokenizer, row, answers_plainly(row, cfg, order)) for row in rows]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     warmup = max(1, cfg.sft_steps // 10)
 
