@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install fit test bench clean-run
+.PHONY: install fit test
 
 install: $(STAMP)
 
@@ -22,6 +22,3 @@ fit: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
-
-bench: $(STAMP)
-	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-json=benchmark.json

@@ -7,6 +7,8 @@ mistake of the user's (:class:`rlx.errors.UserError`) prints one message and exi
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -103,6 +105,31 @@ def init_model(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt 
     console.print_json(data=metrics)
 
 
+@app.command("stage")
+def stage(
+    name: Annotated[str, typer.Argument(help="base, prepare, rollout, judge, train, evaluate or export.")],
+    params: ParamsArg = Path("params.yaml"),
+    overrides: OverridesOpt = None,
+) -> None:
+    """Run one pipeline stage for the step in params.yaml's `run.step` (what dvc.yaml calls)."""
+    from rlx.engines import Engines
+    from rlx.stages import STAGES, run_stage
+
+    if name not in STAGES:
+        raise UserError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    config = load_config(params, overrides)
+    metrics = run_stage(name, config, config.run.step, Engines(config))
+    console.print_json(data=metrics)
+
+
+@app.command("fit")
+def fit(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
+    """Run the whole RL run, step after step through the DVC stages; rerun to resume."""
+    from rlx.fit import fit as run_fit
+
+    run_fit(params, overrides or [], console=console)
+
+
 @app.command("convert-gsm8k")
 def convert_gsm8k(
     source: Annotated[Path, typer.Argument(help="GSM8K jsonl (keys question, answer).")],
@@ -115,8 +142,17 @@ def convert_gsm8k(
     console.print(f"written {convert(source, output, split)}")
 
 
+def quiet_libraries() -> None:
+    """Keep the terminal for rlx's own progress: no per-file bars or chatter from the libraries."""
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.getLogger("dvc").setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one message and exit code 2, never a traceback."""
+    quiet_libraries()
     try:
         app(args=argv, prog_name="rlx")
     except UserError as exc:

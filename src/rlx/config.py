@@ -41,7 +41,7 @@ class SyntheticTaskConfig(Section):
     train_size: int = Field(20000, gt=0, description="Number of training problems.")
     test_size: int = Field(200, gt=0, description="Number of held-out problems (never seen in training).")
     num_operands: int = Field(2, ge=2, le=4, description="Operands per problem: the main difficulty knob.")
-    max_operand: int = Field(20, ge=2, description="Operands are drawn from 1..max_operand.")
+    max_operand: int = Field(10, ge=2, description="Operands are drawn from 1..max_operand.")
     operations: list[Literal["+", "-", "*"]] = Field(["+", "-"], min_length=1, description="Allowed operations.")
     holdout_by: Literal["question", "arithmetic"] = Field(
         "question", description="What no held-out problem shares with training: its question or its arithmetic."
@@ -64,6 +64,13 @@ class TinyModelConfig(Section):
     sft_steps: int = Field(200, ge=0, description="Supervised warm-start steps; few on purpose, so RL has room.")
     sft_batch_size: int = Field(64, gt=0)
     sft_lr: float = Field(3e-3, gt=0)
+    plain_answer_names: list[str] = Field(
+        ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus"],
+        description="Problems about these people get warm-start solutions that mostly ignore the '####' format.",
+    )
+    plain_answer_ratio: float = Field(
+        0.8, ge=0, le=1, description="Share of those solutions ending 'The answer is N.' instead of '#### N'."
+    )
     eval_max_tokens: int = Field(32, gt=0, description="Response budget when measuring held-out accuracy.")
     seed: int = Field(0, description="Seed of initialisation and warm start; same seed, same weights.")
 
@@ -183,7 +190,7 @@ class JudgerConfig(Section):
 class AdamWConfig(Section):
     """Optimizer (XTuner ``AdamWConfig``)."""
 
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(1e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -245,7 +252,7 @@ class EvaluatorConfig(Section):
 
     enable_evaluate: bool = True
     enable_initial_evaluate: bool = Field(True, description="Evaluate the base policy as step 0 (rlx default on).")
-    evaluate_step: int = Field(5, gt=0, description="Evaluate every this many rollout steps and at the end.")
+    evaluate_step: int = Field(10, gt=0, description="Evaluate every this many rollout steps and at the end.")
     dataset_cfg: list[DatasetConfig] = Field(
         default_factory=lambda: [DatasetConfig(name="arith", anno_path=Path("data/arith/test.parquet"))],
         min_length=1,
@@ -315,7 +322,9 @@ class RLTrainerConfig(Section):
         "jsonl", description="Local tracker (XTuner default tensorboard)."
     )
     wandb: WandbConfig = Field(default_factory=WandbConfig)
-    debug_rollout: bool = Field(False, description="Stop after rollout and judge of the first step.")
+    debug_rollout: bool = Field(
+        False, description="`rlx fit` prepares, rolls out and judges the next step, prints its metrics and stops."
+    )
     resources: AcceleratorResourcesConfig = Field(default_factory=AcceleratorResourcesConfig)
     rollout_config: RolloutConfig = Field(default_factory=RolloutConfig)
     dataflow_config: DataFlowConfig = Field(default_factory=DataFlowConfig)

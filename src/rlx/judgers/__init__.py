@@ -44,44 +44,47 @@ class Verdict:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class Seat:
+    """One configured judger: what it is, its weight in the total, and the data sources it scores."""
+
+    name: str
+    judger: NumericAnswerJudger
+    weight: float
+    sources: tuple[str, ...]
+
+
 @dataclass
 class Panel:
     """The configured judgers, chosen per row by its ``data_source`` (``judger_config``)."""
 
     config: JudgerConfig
-    judgers: dict[str, tuple[NumericAnswerJudger, float, list[str]]] = field(init=False)
+    seats: list[Seat] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.judgers = {
-            item.judger_name: (
-                get(item.judger_name, **item.options),
-                item.weight,
-                item.data_source or [item.judger_name],
-            )
+        self.seats = [
+            Seat(item.judger_name, get(item.judger_name, **item.options), item.weight,
+                 tuple(item.data_source or [item.judger_name]))
             for item in self.config.reward_judger_configs
-        }
-
-    def names(self) -> list[str]:
-        return list(self.judgers)
+        ]  # fmt: skip
 
     def judge(self, response: str, data_source: str, gold: str) -> Verdict:
         """Score with every judger of this data source. A judger that raises scores 0 and the error
         is kept, so one bad sample never stops a run."""
-        scores, extracted, errors = {}, None, []
-        for name, (judger, weight, sources) in self.judgers.items():
-            if data_source not in sources:
-                continue
-            try:
-                scores[name] = float(judger.score(response, gold))
-                extracted = extracted if extracted is not None else judger.extract(response)
-            except Exception as exc:  # a judger's bug must not end the run: count it instead
-                scores[name] = 0.0
-                errors.append(f"{name}: {type(exc).__name__}: {exc}")
-        if not scores:
+        seats = [seat for seat in self.seats if data_source in seat.sources]
+        if not seats:
+            covered = sorted({source for seat in self.seats for source in seat.sources})
             raise UserError(
-                f"no judger scores data_source {data_source!r}; judger_config.reward_judger_configs covers "
-                f"{sorted({s for _, _, sources in self.judgers.values() for s in sources})}"
+                f"no judger scores data_source {data_source!r}; judger_config.reward_judger_configs covers {covered}"
             )
-        reward = sum(self.judgers[name][1] * score for name, score in scores.items())
-        correct = all(score >= self.judgers[name][0].correct_score for name, score in scores.items())
+        scores, extracted, errors = {}, None, []
+        for seat in seats:
+            try:
+                scores[seat.name] = float(seat.judger.score(response, gold))
+                extracted = extracted if extracted is not None else seat.judger.extract(response)
+            except Exception as exc:  # a judger's bug must not end the run: count it instead
+                scores[seat.name] = 0.0
+                errors.append(f"{seat.name}: {type(exc).__name__}: {exc}")
+        reward = sum(seat.weight * scores[seat.name] for seat in seats)
+        correct = all(scores[seat.name] >= seat.judger.correct_score for seat in seats)
         return Verdict(reward, scores, extracted, correct, "; ".join(errors) or None)

@@ -1,0 +1,92 @@
+"""The models and data a step needs, loaded on first use and kept while they stay current.
+
+`rlx stage NAME` makes a fresh ``Engines`` per process, so everything comes from disk (cold).
+`rlx fit` keeps one for the whole run (warm): the policy the train stage leaves in memory at step N
+is the very module step N+1 samples from, with no reload. Both paths run the same stage code.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlx.config import RLTrainerConfig
+from rlx.errors import UserError
+from rlx.layout import RunLayout
+from rlx.trainer import PolicyTrainer
+
+
+def load_policy(path):
+    """A HF model folder for inference on CPU, with a clear error when it is missing."""
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path}: not a model folder (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
+
+
+class Engines:
+    def __init__(self, config: RLTrainerConfig):
+        self.config = config
+        self.layout = RunLayout(config.work_dir)
+        self._trainer: PolicyTrainer | None = None
+        self._trainer_step: int | None = None
+        self._policy = None
+        self._policy_step: int | None = None
+
+    @cached_property
+    def tokenizer(self):
+        path = self.config.tokenizer_path
+        if not (path / "tokenizer_config.json").is_file():
+            raise UserError(f"tokenizer_path {path}: no tokenizer there (build the demo model with `dvc repro`)")
+        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if not tokenizer.chat_template:
+            raise UserError(f"tokenizer_path {path}: the tokenizer has no chat template")
+        return tokenizer
+
+    @cached_property
+    def prompt_pool(self):
+        from rlx.stages.prepare import PromptPool
+
+        return PromptPool.load(self.config, self.tokenizer)
+
+    @cached_property
+    def total_steps(self) -> int:
+        """The run's length: ``rollout_steps`` if set, else ``total_epochs`` x steps per epoch."""
+        if self.config.rollout_steps:
+            return self.config.rollout_steps
+        return self.config.total_epochs * self.prompt_pool.steps_per_epoch(
+            self.config.dataflow_config.global_batch_size
+        )
+
+    @cached_property
+    def reference(self):
+        """The frozen base model, loaded only when a KL term needs it."""
+        model = load_policy(self.config.load_from)
+        return model.requires_grad_(False)
+
+    def policy(self, step: int):
+        """The policy after ``step`` training steps (step 0: the base model), for generation."""
+        if self._trainer_step == step:
+            return self._trainer.module
+        if self._policy_step != step:
+            self._policy, self._policy_step = load_policy(self.layout.step(step).policy), step
+        return self._policy
+
+    def trainer(self, step: int) -> PolicyTrainer:
+        """A trainer holding the policy after ``step`` steps, with its optimizer state."""
+        if self._trainer_step != step:
+            paths = self.layout.step(step)
+            worker = self.config.train_worker_cfg
+            total_updates = self.total_steps * worker.optimizer_steps
+            self._trainer = PolicyTrainer(worker, paths.policy, paths.trainer_state, total_updates)
+            self._trainer_step = step
+        return self._trainer
+
+    def trainer_advanced_to(self, step: int) -> None:
+        """Record that the trainer's in-memory policy is now the one saved for ``step``."""
+        self._trainer_step = step
+        self._policy, self._policy_step = None, None

@@ -1,0 +1,188 @@
+"""`rlx fit`: the whole run, step after step through the pipeline's stages, resumable at any point.
+
+The driver is not a second pipeline: it calls the same ``run_stage`` that `rlx stage NAME` (and so
+``dvc repro``) calls, but in one process, so models stay loaded between stages and steps. After each
+step it commits the step to DVC, so the lock records exactly what ``dvc repro`` would have, and keeps
+a copy of that lock in the step's folder for per-step lineage.
+
+Resume: a step is finished when ``step-N/done.json`` exists, a stage when its metrics file does. A
+rerun skips both and redoes only what was interrupted; every stage is deterministic in its inputs
+and the run's seed, so the result equals an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from ruamel.yaml import YAML
+
+from rlx.artifacts import read_json, write_json
+from rlx.config import RLTrainerConfig, apply_override, load
+from rlx.engines import Engines
+from rlx.errors import UserError
+from rlx.layout import RunLayout
+from rlx.stages import ITERATION, is_complete, refresh_curves, run_stage
+from rlx.tracking import Tracker
+
+
+def edit_params(path: Path, overrides: list[str]) -> None:
+    """Write ``KEY=VALUE`` overrides into params.yaml, keeping its comments, so DVC records what ran."""
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    tree = yaml.load(path.read_text())
+    for override in overrides:
+        apply_override(tree, override)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as handle:
+        yaml.dump(tree, handle)
+    os.replace(tmp, path)
+
+
+def point_at_step(path: Path, step: int) -> None:
+    edit_params(path, [f"run.step={step}", f"run.prev={step - 1}"])
+
+
+def dvc_commit(root: Path) -> None:
+    """Record every stage's current deps, params and outs in dvc.lock (what `dvc commit -f` does)."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        repo.commit(None, force=True)
+
+
+def ensure_demo_assets(config: RLTrainerConfig, root: Path) -> None:
+    """Build the demo's data and base model through DVC when this run uses them."""
+    generated = [config.synthetic_task.output_dir, config.tiny_model.output_dir]
+    used = [config.load_from, *(d.anno_path for d in config.replay_buffer_config.dataset_cfg)]
+    if not any(Path(p).resolve().is_relative_to(Path(g).resolve()) for p in used for g in generated):
+        return
+    from dvc.cli import main as dvc_main
+
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    if dvc_main(["repro", "--quiet", "init_model"]) != 0:
+        raise UserError("building the demo's data and base model failed (`dvc repro init_model`)")
+
+
+def first_step_to_run(config: RLTrainerConfig, layout: RunLayout) -> int:
+    done = layout.completed_steps()
+    if done and not config.auto_resume:
+        raise UserError(
+            f"work_dir {config.work_dir} already holds a run (steps up to {done[-1]}); set auto_resume: true "
+            "to continue it or choose another work_dir"
+        )
+    return done[-1] + 1 if done else 1
+
+
+def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
+    """Keep the policy and optimizer state of steps 0, step - 1 and step (the pipeline reads them) and of
+    the newest ``checkpoint_maxkeep`` multiples of ``checkpoint_interval``; drop the others'."""
+    interval, keep = config.checkpoint_interval, config.checkpoint_maxkeep
+    checkpoints = [m for m in range(1, step + 1) if interval > 0 and m % interval == 0]
+    kept = {0, step - 1, step, *(checkpoints if keep < 0 else checkpoints[len(checkpoints) - keep :])}
+    for number in range(1, step + 1):
+        paths = layout.step(number)
+        if number not in kept:
+            shutil.rmtree(paths.policy, ignore_errors=True)
+            shutil.rmtree(paths.trainer_state, ignore_errors=True)
+        elif config.checkpoint_no_save_optimizer and number < step - 1:
+            for optimizer_state in paths.trainer_state.glob("*/*optim_states.pt"):
+                optimizer_state.unlink()
+
+
+def run_step(config: RLTrainerConfig, step: int, engines: Engines) -> dict:
+    """Every stage of one step that is not yet complete; returns the step's merged metrics."""
+    metrics = {}
+    for name in ITERATION:
+        if is_complete(name, step, engines):
+            refresh_curves(name, config, step, engines)
+        else:
+            run_stage(name, config, step, engines)
+        metrics.update(read_json(engines.layout.step(step).metrics(name)))
+    return metrics
+
+
+def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Engines, console: Console) -> dict:
+    """``debug_rollout``: prepare, roll out and judge one step, then stop, to check sampling and rewards."""
+    point_at_step(params, step)
+    if not is_complete("base", 0, engines):
+        run_stage("base", config, 0, engines)
+    metrics = {
+        k: v for name in ("prepare", "rollout", "judge") for k, v in run_stage(name, config, step, engines).items()
+    }
+    console.print_json(data=metrics)
+    return metrics
+
+
+def fit(params: Path, overrides: list[str], console: Console | None = None) -> list[dict]:
+    """Run (or resume) the run described by ``params``; returns each step's metrics.
+
+    Paths in params.yaml are relative to its folder (as for `dvc repro`), so the run happens there.
+    """
+    params = Path(params).resolve()
+    with contextlib.chdir(params.parent):
+        return fit_here(params, overrides, console or Console())
+
+
+def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]:
+    if overrides:
+        load(params, overrides)  # validate before touching the file
+        edit_params(params, overrides)
+    root = params.parent
+    config = load(params)
+    ensure_demo_assets(config, root)
+    engines = Engines(config)
+    layout = engines.layout
+    total = engines.total_steps
+    start = first_step_to_run(config, layout)
+    if config.debug_rollout:
+        return [debug_rollout(config, params, start, engines, console)]
+    tracker = Tracker(config, first_step=0 if start == 1 else start)
+    history = []
+    try:
+        if start == 1:
+            point_at_step(params, 1)
+            if not is_complete("base", 0, engines):
+                run_stage("base", config, 0, engines)
+            tracker.log(0, read_json(layout.step(0).metrics("base")))
+        with Progress(
+            TextColumn("[bold]rlx fit"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
+        ) as progress:
+            task = progress.add_task("", total=total, completed=start - 1)
+            for step in range(start, total + 1):
+                started = time.perf_counter()
+                point_at_step(params, step)
+                metrics = run_step(config, step, engines)
+                dvc_started = time.perf_counter()
+                dvc_commit(root)
+                shutil.copy2(root / "dvc.lock", layout.step(step).lock)
+                metrics["time/dvc"] = time.perf_counter() - dvc_started
+                metrics["time/step"] = time.perf_counter() - started
+                tracker.log(step, metrics)
+                write_json(metrics, layout.step(step).done)
+                prune_checkpoints(config, layout, step)
+                history.append(metrics)
+                progress.update(task, advance=1, description=describe(metrics))
+    finally:
+        tracker.close()
+    return history
+
+
+def describe(metrics: dict) -> str:
+    text = f"reward {metrics['response/rewards/mean']:.3f}  step {metrics['time/step']:.1f}s"
+    if metrics.get("eval/evaluated"):
+        text += f"  eval acc {metrics['eval/accuracy']:.3f}"
+    return text

@@ -1,0 +1,74 @@
+"""Where a run's artifacts live. ``dvc.yaml`` spells the same paths with ``${work_dir}/step-${run.step}``.
+
+```
+<work_dir>/
+  step-0/policy/                  the base model, as the run's starting policy (HF folder)
+  step-0/trainer_state/           empty optimizer state
+  step-0/eval_samples.parquet     the base policy's evaluation (evaluator_config.enable_initial_evaluate)
+  step-N/prompts.parquet          prepare: the step's prompt groups
+  step-N/rollouts.parquet         rollout: token ids, text, log-probs, finish reason, lengths
+  step-N/judged.parquet           judge: rewards per judger and in total, extracted answers, correctness
+  step-N/policy/                  train: the next policy (HF folder)
+  step-N/trainer_state/           train: DeepSpeed optimizer and scheduler state
+  step-N/eval_samples.parquet     evaluate (every evaluate_step and at the end; empty otherwise)
+  step-N/export.json              export: where the HF export went (every hf_interval and at the end)
+  step-N/<stage>_metrics.json     what each stage measured, its wall time included
+  step-N/dvc.lock                 the DVC lock of the step: its lineage, kept after the step
+  step-N/done.json                written last: the step is complete
+  curves/train.csv, curves/eval.csv   one row per step, for `dvc plots show`
+  hf/step-N/                      HF exports (hf_max_keep retention)
+  tracker.jsonl                   one JSON object per step (exp_tracker: jsonl)
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _file(name: str) -> property:
+    return property(lambda self: self.dir / name, doc=f"``{name}`` in the step's folder")
+
+
+@dataclass(frozen=True)
+class StepPaths:
+    dir: Path
+
+    prompts = _file("prompts.parquet")
+    rollouts = _file("rollouts.parquet")
+    judged = _file("judged.parquet")
+    policy = _file("policy")
+    trainer_state = _file("trainer_state")
+    eval_samples = _file("eval_samples.parquet")
+    export_record = _file("export.json")
+    lock = _file("dvc.lock")
+    done = _file("done.json")
+
+    def metrics(self, stage: str) -> Path:
+        """``<stage>_metrics.json``: what the stage measured, its own wall time included."""
+        return self.dir / f"{stage}_metrics.json"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    work_dir: Path
+
+    def step(self, number: int) -> StepPaths:
+        return StepPaths(Path(self.work_dir) / f"step-{number}")
+
+    def completed_steps(self) -> list[int]:
+        """Steps whose ``done.json`` exists, in order."""
+        found = [int(p.parent.name.removeprefix("step-")) for p in Path(self.work_dir).glob("step-*/done.json")]
+        return sorted(found)
+
+    @property
+    def curves(self) -> Path:
+        return Path(self.work_dir) / "curves"
+
+    @property
+    def tracker(self) -> Path:
+        return Path(self.work_dir) / "tracker.jsonl"
+
+    def hf_export(self, number: int) -> Path:
+        return Path(self.work_dir) / "hf" / f"step-{number}"

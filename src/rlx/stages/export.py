@@ -1,0 +1,45 @@
+"""Stage ``export``: the policy as a standalone HF folder every ``hf_interval`` steps and at the end.
+
+Output ``step-N/export.json``: whether the step exported, where, and each file's sha256. The folder
+itself is ``hf/step-N`` (config, safetensors, tokenizer, chat template); only the newest
+``hf_max_keep`` stay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+from rlx.artifacts import atomic_dir, write_json
+from rlx.config import RLTrainerConfig
+
+
+def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
+    return step == total_steps or (config.hf_interval > 0 and step % config.hf_interval == 0)
+
+
+def run(config: RLTrainerConfig, step: int, engines) -> dict:
+    paths, layout = engines.layout.step(step), engines.layout
+    record = {"step": step, "exported": False}
+    if is_due(config, step, engines.total_steps):
+        target = layout.hf_export(step)
+        with atomic_dir(target) as tmp:
+            for file in sorted(paths.policy.iterdir()):
+                shutil.copy2(file, tmp / file.name)
+        files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(target.iterdir())}
+        record.update(exported=True, path=str(target), files=files)
+        prune_exports(layout, config.hf_max_keep)
+    write_json(record, paths.export_record)
+    return {"export/exported": int(record["exported"])}
+
+
+def prune_exports(layout, keep: int) -> None:
+    if keep < 0:
+        return
+    exports = sorted(layout.hf_export(0).parent.glob("step-*"), key=lambda p: int(p.name.removeprefix("step-")))
+    for old in exports[: max(0, len(exports) - keep)]:
+        shutil.rmtree(old)
+
+
+def outputs(paths) -> list:
+    return [paths.export_record]

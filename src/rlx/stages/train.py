@@ -1,0 +1,183 @@
+"""Stage ``train``: one policy update from the step's judged rollouts.
+
+Old log-probs are recomputed by the training engine (the rollout engine's are kept to measure the
+mismatch), the step's samples are split into ``optimizer_steps`` mini-batches, each cut into
+micro-batches that fit the ``pack_max_length`` token budget, and each mini-batch ends in one
+DeepSpeed optimizer step. Outputs the next policy (``step-N/policy``) and optimizer state
+(``step-N/trainer_state``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from rlx.algo import advantages as adv
+from rlx.algo import kl as kl_estimators
+from rlx.algo.losses import aggregate, masked_mean, policy_loss
+from rlx.artifacts import read_rows
+from rlx.config import LossConfig, RLTrainerConfig
+from rlx.stages.curves import write_curve
+from rlx.trainer import TokenBatch, token_logprobs
+
+
+def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive samples grouped so that count x longest length stays within the token budget
+    (a single longer sample gets a micro-batch of its own)."""
+    batches, current, longest = [], [], 0
+    for index in indices:
+        widest = max(longest, lengths[index])
+        if current and widest * (len(current) + 1) > budget:
+            batches.append(current)
+            current, widest = [], lengths[index]
+        current.append(index)
+        longest = widest
+    return [*batches, current] if current else batches
+
+
+@dataclass
+class Micro:
+    """One micro-batch with what the loss needs besides the live policy."""
+
+    batch: TokenBatch
+    advantages: torch.Tensor
+    old_logp: torch.Tensor
+    rollout_logp: torch.Tensor
+    ref_logp: torch.Tensor | None
+    share: float  # its samples / its mini-batch's samples
+
+
+def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, options: dict):
+    """The micro-batch's share of its mini-batch loss, and its metrics (scalars)."""
+    logp, entropy = token_logprobs(trainer.module, micro.batch, temperature)
+    mask = micro.batch.mask
+    # token-mean divides by the mini-batch's token count itself; the per-sequence modes need weighting.
+    scale = 1.0 if loss_cfg.loss_agg_mode == "token-mean" else micro.share
+    clip = loss_cfg.policy_loss_cfg
+    pg_loss, metrics = policy_loss(
+        logp,
+        micro.old_logp,
+        micro.advantages,
+        mask,
+        kind=clip.loss_type,
+        cliprange_low=clip.cliprange_low,
+        cliprange_high=clip.cliprange_high,
+        clip_ratio_c=clip.clip_ratio_c,
+        loss_agg_mode=loss_cfg.loss_agg_mode,
+        **options,
+    )
+    entropy_term = aggregate(entropy, mask, loss_cfg.loss_agg_mode, **options)
+    loss = scale * (pg_loss - loss_cfg.entropy_coef * entropy_term)
+    values = {"pg_loss": scale * pg_loss.item(), "entropy": scale * entropy_term.item()}
+    if micro.ref_logp is not None:
+        kl_per_token = kl_estimators.estimate(logp, micro.ref_logp, loss_cfg.kl_loss_type)
+        kl = aggregate(kl_per_token, mask, loss_cfg.loss_agg_mode, **options)
+        loss = loss + scale * loss_cfg.kl_loss_coef * kl
+        values["kl"] = scale * kl.item()
+    values["loss"] = loss.item()
+    values.update({name: value.item() * micro.batch.num_tokens for name, value in metrics.items()})
+    values["rollout_train_logprob_diff"] = (
+        masked_mean((micro.old_logp - micro.rollout_logp).abs(), mask).item() * micro.batch.num_tokens
+    )
+    return loss, values
+
+
+def rollout_logprobs(rollouts: list[dict], indices: list[int], like: torch.Tensor) -> torch.Tensor:
+    """The rollout engine's log-probs laid out like the trainer's ``[B, T - 1]`` tensor."""
+    out = torch.zeros_like(like)
+    for row, index in enumerate(indices):
+        sample = rollouts[index]
+        start = sample["prompt_len"] - 1
+        out[row, start : start + sample["response_len"]] = torch.tensor(sample["rollout_logprobs"])
+    return out
+
+
+def run(config: RLTrainerConfig, step: int, engines) -> dict:
+    worker, loss_cfg = config.train_worker_cfg, config.train_worker_cfg.loss_cfg
+    paths = engines.layout.step(step)
+    rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
+    rewards = torch.tensor([row["reward"] for row in judged], dtype=torch.float32)
+    estimator = config.advantage_estimator_config
+    advantages = adv.compute(estimator.type, rewards, config.dataflow_config.prompt_repeat_k, eps=estimator.eps)
+    trainer = engines.trainer(step - 1)
+    temperature = config.dataflow_config.sample_params.temperature or 1.0
+    lengths = [row["prompt_len"] + row["response_len"] for row in rollouts]
+    timings = defaultdict(float)
+
+    # Old (and reference) log-probs for every micro-batch, before the first update.
+    started = time.perf_counter()
+    minis = []
+    for mini in torch.arange(len(rollouts)).chunk(worker.optimizer_steps):
+        mini = mini.tolist()
+        micros = []
+        for indices in micro_batches(mini, lengths, worker.pack_max_length):
+            batch = TokenBatch.from_ids(
+                [rollouts[i]["prompt_ids"] for i in indices],
+                [rollouts[i]["response_ids"] for i in indices],
+                engines.tokenizer.pad_token_id,
+            )
+            old = trainer.logprobs(batch, temperature)
+            ref = None
+            if loss_cfg.use_kl_loss:
+                with torch.no_grad():
+                    ref = token_logprobs(engines.reference, batch, temperature)[0]
+            micros.append(
+                Micro(
+                    batch,
+                    advantages[indices],
+                    old,
+                    rollout_logprobs(rollouts, indices, old),
+                    ref,
+                    len(indices) / len(mini),
+                )
+            )
+        minis.append(micros)
+    timings["time/train/old_logprob"] = time.perf_counter() - started
+
+    totals = defaultdict(float)
+    all_tokens = sum(micro.batch.num_tokens for micros in minis for micro in micros)
+    for micros in minis:
+        options = {
+            "global_tokens": sum(micro.batch.num_tokens for micro in micros),
+            "norm_length": config.dataflow_config.sample_params.max_tokens,
+        }
+        started = time.perf_counter()
+        for micro in micros:
+            loss, values = micro_loss(trainer, micro, loss_cfg, temperature, options)
+            trainer.backward(loss)
+            for name, value in values.items():
+                totals[name] += value
+        timings["time/train/forward_backward"] += time.perf_counter() - started
+        started = time.perf_counter()
+        for name, value in trainer.optimizer_step().items():
+            totals[name] += value
+        timings["time/train/optimizer"] += time.perf_counter() - started
+
+    started = time.perf_counter()
+    trainer.save(paths.policy, paths.trainer_state, engines.tokenizer)
+    engines.trainer_advanced_to(step)
+    timings["time/train/save"] = time.perf_counter() - started
+    per_update = {"loss", "pg_loss", "entropy", "kl", "grad_norm", "lr"}
+    metrics = {
+        f"train/{name}": value / (len(minis) if name in per_update else all_tokens) for name, value in totals.items()
+    }
+    busy = timings["time/train/forward_backward"] + timings["time/train/optimizer"]
+    return {
+        **metrics,
+        **timings,
+        "train/advantages/abs_mean": advantages.abs().mean().item(),
+        "train/tokens": sum(lengths),
+        "perf/train_tokens_per_s": sum(lengths) / busy,
+    }
+
+
+def after_run(config: RLTrainerConfig, step: int, engines) -> None:
+    """Rewrite the reward and training curve from every step so far (idempotent, so reruns are safe)."""
+    write_curve(engines.layout, "train", lambda _: ["judge", "train"], range(1, step + 1))
+
+
+def outputs(paths) -> list:
+    return [paths.policy, paths.trainer_state]

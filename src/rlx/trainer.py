@@ -1,0 +1,149 @@
+"""The policy's training engine: DeepSpeed around a HF causal LM, saved as a HF folder plus state.
+
+DeepSpeed owns the optimizer step, ZeRO partitioning, precision and gradient clipping. rlx owns the
+accumulation boundary (``managed_gradient_accumulation: false``): an optimizer step covers however
+many token-bounded micro-batches its mini-batch needed, and the loss scaling is explicit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlx.artifacts import atomic_dir, write_json
+from rlx.config import LRConfig, WorkerConfig
+
+DEEPSPEED_TAG = "state"
+
+
+@dataclass
+class TokenBatch:
+    """Prompt+response sequences, right-padded. ``mask[b, t]`` is 1 where token ``t + 1`` is a response token."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T - 1]
+
+    @classmethod
+    def from_ids(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
+        width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
+        ids, attention, mask = [], [], []
+        for prompt, response in zip(prompts, responses, strict=True):
+            pad = width - len(prompt) - len(response)
+            ids.append(prompt + response + [pad_id] * pad)
+            attention.append([1] * (len(prompt) + len(response)) + [0] * pad)
+            mask.append([0] * (len(prompt) - 1) + [1] * len(response) + [0] * pad)
+        return cls(torch.tensor(ids), torch.tensor(attention), torch.tensor(mask, dtype=torch.float32))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+def token_logprobs(model, batch: TokenBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each next token and the entropy of each next-token distribution: ``[B, T - 1]`` each."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    logp = logp_all.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
+    return logp, entropy
+
+
+def lr_factor(cfg: LRConfig, step: int, total_steps: int, base_lr: float) -> float:
+    """Multiplier of the base LR after ``step`` optimizer steps: linear warm-up, then constant,
+    cosine or linear decay to ``lr_min``."""
+    warmup = int(cfg.warmup_ratio * total_steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    if cfg.lr_type == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    floor = cfg.lr_min / base_lr
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_type == "cosine" else 1 - progress
+    return floor + (1 - floor) * shape
+
+
+def ensure_distributed_env() -> None:
+    """DeepSpeed needs a rendezvous even for one process; without these variables it looks for MPI."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def deepspeed_config(cfg: WorkerConfig) -> dict:
+    zero: dict = {"stage": cfg.deepspeed.zero_stage}
+    if cfg.deepspeed.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": cfg.optim_cfg.max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.deepspeed.precision == "bf16"},
+        "steps_per_print": 2**31 - 1,
+        "activation_checkpointing": {"partition_activations": cfg.deepspeed.activation_checkpointing},
+    }
+
+
+class PolicyTrainer:
+    """A policy under training: load from a step's folders, update, save to the next step's."""
+
+    def __init__(self, cfg: WorkerConfig, policy_dir: Path, state_dir: Path, total_optimizer_steps: int):
+        import deepspeed
+
+        ensure_distributed_env()
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        if cfg.deepspeed.activation_checkpointing:
+            model.gradient_checkpointing_enable()
+        optim = cfg.optim_cfg
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(cfg.lr_cfg, step, total_optimizer_steps, optim.lr)
+        )
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg)
+        )
+        if (state_dir / DEEPSPEED_TAG).is_dir():
+            self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG)
+        self.cfg = cfg
+
+    @property
+    def module(self):
+        return self.engine.module
+
+    @torch.no_grad()
+    def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
+        self.engine.module.eval()
+        return token_logprobs(self.engine.module, batch, temperature)[0]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.module.train()
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Apply the accumulated gradients (clipped by DeepSpeed); return grad norm and the LR used."""
+        lr = self.scheduler.get_last_lr()[0]
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
+
+    def save(self, policy_dir: Path, state_dir: Path, tokenizer) -> None:
+        """Write the policy as a HF folder and the optimizer/scheduler state beside it, each atomically."""
+        with atomic_dir(policy_dir) as tmp:
+            self.engine.module.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+        with atomic_dir(state_dir) as tmp:
+            self.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
+            write_json({"global_steps": self.engine.global_steps}, tmp / "state.json")

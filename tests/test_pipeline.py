@@ -1,0 +1,175 @@
+"""The RL iteration as DVC stages and `rlx fit`, on real files with the tiny model, real DVC, DeepSpeed
+and W&B (offline). Each test works in its own copy of the project (a git + DVC repository)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from conftest import ROOT
+from rlx.artifacts import read_json, read_rows
+from rlx.fit import edit_params, fit
+from rlx.layout import RunLayout
+from rlx.tracking import read_tracker
+
+pytestmark = pytest.mark.slow
+
+SHORT_RUN = [
+    "rollout_steps=3",
+    "dataflow_config.global_batch_size=4",
+    "dataflow_config.prompt_repeat_k=4",
+    "evaluator_config.evaluate_step=2",
+    "evaluator_config.eval_sample_ratio=0.1",
+    "checkpoint_interval=2",
+    "checkpoint_maxkeep=1",
+    "hf_interval=2",
+]
+
+
+def make_project(base: Path, tiny_model) -> Path:
+    """A fresh project: the repo's pipeline and code, the session's demo data and model, committed to DVC."""
+    cfg, _ = tiny_model
+    project = base / "project"
+    project.mkdir()
+    for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
+        shutil.copy2(ROOT / name, project / name)
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(cfg.synthetic_task.output_dir, project / "data" / "arith")
+    shutil.copytree(cfg.tiny_model.output_dir, project / "data" / "tiny-qwen3")
+    shutil.copy2(cfg.tiny_model.metrics_path, project / "data" / "warm_start.json")
+    run(["git", "init", "-q"], project)
+    run([sys.executable, "-m", "dvc", "init", "-q"], project)
+    run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], project)
+    # The demo data and model were built by the same code outside DVC: record them as its stages' outputs.
+    run([sys.executable, "-m", "dvc", "commit", "-f", "-q", "init_data", "init_model"], project)
+    edit_params(project / "params.yaml", SHORT_RUN)
+    return project
+
+
+def child_env() -> dict:
+    """This process's environment for a child rlx, without the rendezvous of this process's DeepSpeed."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    }
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def run(command: list[str], cwd: Path) -> str:
+    done = subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True)
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def dvc_status(project: Path) -> dict:
+    from dvc.repo import Repo
+
+    with Repo(str(project)) as repo:
+        return repo.status()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_model):
+    """A project after an uninterrupted short `rlx fit`."""
+    project = make_project(tmp_path_factory.mktemp("fit"), tiny_model)
+    history = fit(project / "params.yaml", [])
+    return project, history
+
+
+def test_fit_trains_logs_every_step_and_leaves_dvc_clean(finished):
+    project, history = finished
+    layout = RunLayout(project / "runs" / "demo")
+    assert layout.completed_steps() == [1, 2, 3] and len(history) == 3
+    base = load_file(layout.step(0).policy / "model.safetensors")
+    last = load_file(layout.step(3).policy / "model.safetensors")
+    assert any((base[name] - last[name]).abs().max() > 0 for name in base), "the policy did not change"
+    records = read_tracker(layout.tracker)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert all("response/rewards/mean" in r and "train/loss" in r and "time/dvc" in r for r in records[1:])
+    assert {r["step"] for r in records if "eval/accuracy" in r} == {0, 2, 3}
+    assert list((project / "runs" / "demo" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert dvc_status(project) == {}, "DVC must record exactly what the run produced"
+
+
+def test_every_step_is_addressable_and_checkpoints_follow_retention(finished):
+    project, _ = finished
+    layout = RunLayout(project / "runs" / "demo")
+    for step in (1, 2, 3):
+        paths = layout.step(step)
+        rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
+        assert len(rollouts) == len(judged) == 16
+        assert all(len(r["rollout_logprobs"]) == r["response_len"] for r in rollouts)
+        assert {r["finish_reason"] for r in rollouts} <= {"stop", "length"}
+        assert "train:" in paths.lock.read_text() and f"step-{step}/judged.parquet" in paths.lock.read_text()
+    # checkpoint_interval=2, maxkeep=1: step 2 is the checkpoint; steps 2 and 3 are also read by the pipeline.
+    assert not layout.step(1).policy.exists() and layout.step(2).policy.exists()
+    assert sorted(p.name for p in (layout.work_dir / "hf").iterdir()) == ["step-3"]  # hf_max_keep=1
+    assert read_json(layout.step(3).export_record)["exported"] is True
+
+
+def test_metrics_and_plots_are_visible_to_dvc(finished):
+    project, _ = finished
+    from dvc.repo import Repo
+
+    with Repo(str(project)) as repo:
+        metrics = repo.metrics.show()
+        plots = repo.plots.show()
+    shown = metrics[""]["data"]
+    assert "runs/demo/step-3/judge_metrics.json" in shown
+    assert "runs/demo/curves/train.csv" in str(plots) and "runs/demo/curves/eval.csv" in str(plots)
+    curve = (project / "runs" / "demo" / "curves" / "eval.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in curve[1:]] == ["0", "2", "3"]
+
+
+def test_dvc_repro_runs_the_same_stages_cold(finished, tmp_path, tiny_model):
+    """`dvc repro` (each stage its own process) gives the same step 1 as `rlx fit` (warm, one process)."""
+    project, _ = finished
+    cold = make_project(tmp_path, tiny_model)
+    run([sys.executable, "-m", "dvc", "repro", "-q"], cold)
+    warm_step, cold_step = RunLayout(project / "runs/demo").step(1), RunLayout(cold / "runs/demo").step(1)
+    assert read_rows(cold_step.rollouts) == read_rows(warm_step.rollouts)
+    assert read_rows(cold_step.judged) == read_rows(warm_step.judged)
+    # The warm run pruned step 1's weights (checkpoint retention); its lock copy keeps their hash.
+    assert policy_hash(warm_step.lock, 1) == policy_hash(cold / "dvc.lock", 1)
+    assert dvc_status(cold) == {}
+
+
+def policy_hash(lock: Path, step: int) -> str:
+    outs = yaml.safe_load(lock.read_text())["stages"]["train"]["outs"]
+    return next(out["md5"] for out in outs if out["path"].endswith(f"step-{step}/policy"))
+
+
+def test_killed_fit_resumes_to_the_same_result(finished, tmp_path, tiny_model):
+    project, history = finished
+    resumed = make_project(tmp_path, tiny_model)
+    command = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
+    process = subprocess.Popen(
+        command, cwd=resumed, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    target = resumed / "runs/demo/step-2/rollouts.parquet"
+    deadline = time.monotonic() + 300
+    while not target.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (resumed / "runs/demo/step-3/done.json").exists(), "the kill came too late to test resume"
+    run(command, resumed)
+    final = load_file(resumed / "runs/demo/step-3/policy/model.safetensors")
+    expected = load_file(project / "runs/demo/step-3/policy/model.safetensors")
+    assert all((final[k] == expected[k]).all() for k in expected), "resumed weights differ"
+    assert read_json(resumed / "runs/demo/step-3/done.json")["response/rewards/mean"] == pytest.approx(
+        history[-1]["response/rewards/mean"]
+    )
+    assert [r["step"] for r in read_tracker(resumed / "runs/demo/tracker.jsonl")] == [0, 1, 2, 3]
+    assert dvc_status(resumed) == {}
