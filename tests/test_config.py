@@ -74,6 +74,7 @@ SECTION_CASES = [
     ("synthetic_task.num_operands=7", "synthetic_task.num_operands: Input should be less than or equal to 4; got 7"),
     ("tiny_model.hidden_size=130", "tiny_model: hidden_size (130) must be divisible by num_attention_heads (4)"),
     ("dataflow_config.prompt_repeat_k=1", "dataflow_config.prompt_repeat_k must be at least 2, got 1"),
+    ("resources.num_workers=2", "resources.num_workers is 2, but this version of rlx trains in one process"),
 ]  # fmt: skip
 
 
@@ -113,6 +114,15 @@ def test_bad_files_give_one_clear_message(tmp_path, text, message):
         config.load(path)
     assert message in str(caught.value)
     assert str(caught.value).startswith(str(path))
+
+
+def test_a_gpu_backend_without_its_extra_says_how_to_install_it():
+    import importlib.util
+
+    if importlib.util.find_spec("lmdeploy") is not None:
+        pytest.skip("LMDeploy is installed here")
+    with pytest.raises(ConfigError, match=r"needs LMDeploy and a GPU: pip install 'rlx\[gpu\]'"):
+        config.load(PARAMS, ["rollout_config.backend=lmdeploy"])
 
 
 def test_missing_file_is_named(tmp_path):

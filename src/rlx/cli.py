@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -100,8 +101,9 @@ def init_model(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt 
     from rlx.tiny_model import build
 
     config = load_config(params, overrides)
+    started = time.perf_counter()
     metrics = build(config)
-    console.print(f"model saved to {config.tiny_model.output_dir}")
+    console.print(f"model saved to {config.tiny_model.output_dir} in {time.perf_counter() - started:.0f} s")
     console.print_json(data=metrics)
 
 

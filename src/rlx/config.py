@@ -10,6 +10,7 @@ names the field path, the bad value and what was expected.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 
@@ -344,6 +345,16 @@ class RLTrainerConfig(Section):
             value = getattr(self, name)
             if value == 0 or value < -1:
                 raise ValueError(f"{name} must be a positive number or -1, got {value}")
+        if self.rollout_config.backend == "lmdeploy" and importlib.util.find_spec("lmdeploy") is None:
+            raise ValueError(
+                "rollout_config.backend 'lmdeploy' needs LMDeploy and a GPU: pip install 'rlx[gpu]' "
+                "(or use backend 'transformers')"
+            )
+        if self.resources.num_workers > 1:
+            raise ValueError(
+                f"resources.num_workers is {self.resources.num_workers}, but this version of rlx trains in one "
+                "process; set it to 1"
+            )
         if self.advantage_estimator_config.type == "grpo" and self.dataflow_config.prompt_repeat_k < 2:
             raise ValueError(
                 "advantage_estimator_config.type 'grpo' compares responses within a group: "

@@ -13,6 +13,7 @@ and the run's seed, so the result equals an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -67,7 +68,9 @@ def ensure_demo_assets(config: RLTrainerConfig, root: Path) -> None:
     from dvc.cli import main as dvc_main
 
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    if dvc_main(["repro", "--quiet", "init_model"]) != 0:
+    status = dvc_main(["repro", "--quiet", "init_model"])
+    logging.getLogger("dvc").setLevel(logging.WARNING)  # DVC's CLI set its logger up for itself
+    if status != 0:
         raise UserError("building the demo's data and base model failed (`dvc repro init_model`)")
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 from pathlib import Path
 
 import jinja2
@@ -158,7 +157,6 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], judger_name: str, max_to
 def build(config: RLTrainerConfig) -> dict:
     """Build, warm-start, evaluate and save the tiny model; return its metrics (also saved)."""
     cfg, task = config.tiny_model, config.synthetic_task
-    started = time.perf_counter()
     train_rows = load_rows(task.output_dir / "train.parquet")
     test_rows = load_rows(task.output_dir / "test.parquet")
     corpus = [
@@ -175,7 +173,6 @@ def build(config: RLTrainerConfig) -> dict:
         "sft_final_loss": sum(losses[-10:]) / max(1, len(losses[-10:])),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
-        "build_seconds": round(time.perf_counter() - started, 1),
     }
     save(model, tokenizer, cfg.output_dir)
     cfg.metrics_path.parent.mkdir(parents=True, exist_ok=True)
