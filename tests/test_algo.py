@@ -89,3 +89,231 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert factors[-1] == pytest.approx(0.1, abs=0.01)
     assert lr_factor(LRConfig(), 50, 100, 1e-4) == 1.0
+
+
+# ---- every estimator by hand -------------------------------------------------------------
+
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])  # group 0: one right; group 1: flat
+MASK = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]] * 2, dtype=torch.float32)
+
+
+def test_dr_grpo_and_rloo_by_hand():
+    assert advantages.dr_grpo(REWARDS, 4).tolist() == [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0]
+    # leave-one-out: 1 - 0 = 1 for the right one; 0 - 1/3 for the others
+    assert torch.allclose(advantages.rloo(REWARDS, 4), torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3, 0, 0, 0, 0]))
+
+
+def test_opo_uses_a_length_weighted_baseline():
+    # group 0 lengths 2, 4, 1, 2: baseline = (2 * 1) / 9
+    expected = torch.tensor([1 - 2 / 9, -2 / 9, -2 / 9, -2 / 9, 0, 0, 0, 0])
+    assert torch.allclose(advantages.opo(REWARDS, 4, mask=MASK), expected)
+
+
+def test_reinforce_plus_plus_whitens_over_valid_tokens():
+    out = advantages.reinforce_plus_plus(REWARDS, 4, mask=MASK, eps=0.0)
+    lengths = MASK.sum(-1)
+    tokens = lengths.repeat_interleave(lengths.long())
+    values = REWARDS.repeat_interleave(lengths.long())
+    assert torch.allclose(out, (REWARDS - values.mean()) / values.std())
+    assert tokens.numel() == int(MASK.sum())
+    assert (out * lengths).sum().abs() < 1e-5  # token-weighted mean is zero
+
+
+def test_reinforce_plus_plus_baseline_centres_groups_then_whitens():
+    out = advantages.reinforce_plus_plus_baseline(REWARDS, 4, mask=MASK, eps=0.0)
+    assert torch.equal(out[4:], torch.zeros(4))
+    centred = torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0])
+    lengths = MASK.sum(-1)
+    values = centred.repeat_interleave(lengths.long())
+    expected = (centred - values.mean()) / values.std()
+    assert torch.allclose(out[:4], expected[:4])
+
+
+def test_pass_at_k_matches_the_closed_form():
+    out = advantages.pass_at_k(REWARDS, 4, k=2)
+    # n = 4, 3 wrong: pass@2 = 1 - C(3,2)/C(4,2) = 0.5, sigma = 0.5
+    # right: (1 - 0.5) / 0.5 = 1; wrong: (1 - 0.5 - C(2,1)/C(3,1)) / 0.5 = (0.5 - 2/3) / 0.5
+    assert torch.allclose(out[:4], torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
+    assert torch.equal(out[4:], torch.zeros(4))
+
+
+@pytest.mark.parametrize("name", sorted(advantages.ESTIMATORS))
+def test_group_estimators_refuse_singletons_and_zero_variance_gives_zero(name):
+    flat = torch.ones(8)
+    assert (
+        torch.equal(advantages.compute(name, flat, 4, mask=MASK)[4:], torch.zeros(4)) or name == "reinforce_plus_plus"
+    )
+    if name != "reinforce_plus_plus":
+        with pytest.raises(ValueError, match="group_size must be at least 2"):
+            advantages.compute(name, flat, 1, mask=MASK)
+
+
+# ---- losses -------------------------------------------------------------------------------
+
+
+def test_gspo_uses_one_length_normalised_ratio_per_sequence():
+    logp = torch.tensor([[0.1, 0.3, 0.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, metrics = policy_loss(
+        logp, old, torch.tensor([1.0]), mask, kind="gspo", cliprange_low=1.0, cliprange_high=1.0
+    )
+    ratio = math.exp(0.2)  # exp(mean(0.1, 0.3))
+    assert loss.item() == pytest.approx(-ratio)
+    loss.backward()
+    # d(-s * (logp_t - sg(logp_t)))/d logp_t = -s on valid tokens
+    assert torch.allclose(logp.grad, torch.tensor([[-ratio / 2, -ratio / 2, 0.0]]))
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens():
+    logp = torch.tensor([[math.log(2.0), 0.0]], requires_grad=True)  # ratio 2 is clipped to 1.28
+    loss, metrics = policy_loss(
+        logp,
+        torch.zeros(1, 2),
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        kind="cispo",
+        cliprange_low=1.0,
+        cliprange_high=0.28,
+    )
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.28 / 2, -1.0 / 2]]))
+    assert metrics["clipfrac"].item() == pytest.approx(0.5)
+
+
+def test_extreme_log_ratios_stay_finite():
+    logp = torch.tensor([[80.0, -80.0]])
+    for kind in ("vanilla", "gspo", "cispo"):
+        loss, metrics = policy_loss(logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2), kind=kind)
+        assert torch.isfinite(loss) and all(torch.isfinite(v) for v in metrics.values())
+
+
+def test_fully_masked_rows_contribute_nothing():
+    logp, old = torch.randn(2, 3), torch.randn(2, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    both, _ = policy_loss(logp, old, torch.tensor([1.0, 5.0]), mask)
+    first, _ = policy_loss(logp[:1], old[:1], torch.tensor([1.0]), mask[:1])
+    assert both.item() == pytest.approx(first.item())
+
+
+# CISPO's weight is stop-gradient on purpose, so its gradient is not the derivative of its value:
+# gradcheck does not apply (its gradient is checked by hand above).
+@pytest.mark.parametrize("kind", ["vanilla", "gspo"])
+def test_policy_losses_pass_gradcheck(kind):
+    torch.manual_seed(1)
+    logp = (torch.randn(2, 3, dtype=torch.float64) * 0.1).requires_grad_()
+    old = torch.randn(2, 3, dtype=torch.float64) * 0.1
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    adv = torch.tensor([0.7, -1.3], dtype=torch.float64)
+    # wide clip ranges keep every point away from the kinks where the loss is not differentiable
+    assert torch.autograd.gradcheck(
+        lambda x: policy_loss(x, old, adv, mask, kind=kind, cliprange_low=0.9, cliprange_high=5.0, clip_ratio_c=50.0)[
+            0
+        ],
+        (logp,),
+    )
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "abs"])
+def test_kl_kinds_by_hand(kind):
+    logp, ref = torch.tensor([-1.0]), torch.tensor([-1.5])
+    d = 0.5
+    expected = {"k1": d, "k2": d * d / 2, "k3": math.exp(-d) - 1 + d, "abs": d}[kind]
+    assert kl.estimate(logp, ref, kind).item() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="unknown KL estimator"):
+        kl.estimate(logp, ref, "k4")
+
+
+def test_adaptive_kl_coefficient_moves_toward_the_target():
+    assert kl.adaptive_kl_coef(0.1, observed_kl=0.2, target_kl=0.1, horizon=100, batch_size=10) == pytest.approx(0.102)
+    assert kl.adaptive_kl_coef(0.1, observed_kl=0.05, target_kl=0.1, horizon=100, batch_size=10) < 0.1
+
+
+# ---- rollout correction and shaping ---------------------------------------------------------
+
+
+def test_importance_weights_truncate_or_mask_per_token_or_sequence():
+    from rlx.algo.correction import importance_weights, mismatch_metrics
+
+    train = torch.log(torch.tensor([[0.9, 0.5, 0.2]]))
+    rollout = torch.log(torch.tensor([[0.3, 0.5, 0.4]]))  # weights 3, 1, 0.5
+    mask = torch.ones(1, 3)
+    assert torch.allclose(importance_weights(train, rollout, mask), torch.tensor([[2.0, 1.0, 0.5]]))
+    assert importance_weights(train, rollout, mask, mode="mask", threshold_low=0.6).tolist() == [[0.0, 1.0, 0.0]]
+    sequence = importance_weights(train, rollout, mask, level="sequence", threshold_high=10.0)
+    assert torch.allclose(sequence, torch.full((1, 3), 1.5))
+    metrics = mismatch_metrics(train, rollout, mask)
+    assert metrics["mismatch/is_weight_max"] == pytest.approx(3.0)
+    assert mismatch_metrics(train, train, mask)["mismatch/k3_kl"] == 0.0
+
+
+def test_overlong_penalty_ramps_in_the_buffer():
+    from rlx.algo.shaping import overlong_penalty
+
+    lengths = torch.tensor([10, 24, 28, 32, 40])
+    assert overlong_penalty(lengths, max_tokens=32, buffer=8).tolist() == [0.0, 0.0, -0.5, -1.0, -1.0]
+
+
+# ---- invariants, over many random cases ------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+rewards_and_groups = (
+    st.integers(2, 6)
+    .flatmap(
+        lambda g: st.tuples(
+            st.just(g),
+            st.lists(st.sampled_from([0.0, 0.5, 1.0, -1.0]), min_size=g, max_size=4 * g).map(
+                lambda r: r[: len(r) - len(r) % g]
+            ),
+        )
+    )
+    .filter(lambda case: len(case[1]) >= case[0])
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rewards_and_groups, st.sampled_from(["grpo", "dr_grpo", "rloo"]))
+def test_advantages_sum_to_zero_in_every_group(case, name):
+    group_size, rewards = case
+    out = advantages.compute(name, torch.tensor(rewards), group_size)
+    assert torch.allclose(out.view(-1, group_size).sum(dim=1), torch.zeros(len(rewards) // group_size), atol=1e-5)
+
+
+token_batches = st.tuples(st.integers(1, 5), st.integers(1, 6), st.integers(0, 2**16))
+
+
+def random_batch(rows: int, cols: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    logp = torch.randn(rows, cols, generator=generator, dtype=torch.float64) * 0.3
+    old = torch.randn(rows, cols, generator=generator, dtype=torch.float64) * 0.3
+    mask = (torch.rand(rows, cols, generator=generator) > 0.3).double()
+    adv = torch.randn(rows, generator=generator, dtype=torch.float64)
+    return logp, old, mask, adv
+
+
+@settings(max_examples=60, deadline=None)
+@given(token_batches, st.sampled_from(["vanilla", "gspo", "cispo"]), st.sampled_from(
+    ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]))  # fmt: skip
+def test_loss_is_invariant_to_padding(shape, kind, mode):
+    logp, old, mask, adv = random_batch(*shape)
+    padded = [torch.cat([t, torch.zeros(t.shape[0], 3, dtype=t.dtype)], dim=1) for t in (logp, old, mask)]
+    plain, _ = policy_loss(logp, old, adv, mask, kind=kind, loss_agg_mode=mode)
+    wider, _ = policy_loss(*padded[:2], adv, padded[2], kind=kind, loss_agg_mode=mode)
+    assert wider.item() == pytest.approx(plain.item(), rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(token_batches, st.sampled_from(["vanilla", "gspo", "cispo"]), st.integers(1, 4))
+def test_token_mean_over_any_split_equals_the_whole_batch(shape, kind, cut):
+    logp, old, mask, adv = random_batch(*shape)
+    cut = min(cut, logp.shape[0])
+    whole, _ = policy_loss(logp, old, adv, mask, kind=kind)
+    total = mask.sum()
+    parts = [
+        policy_loss(logp[s], old[s], adv[s], mask[s], kind=kind, global_tokens=total)[0]
+        for s in (slice(0, cut), slice(cut, None))
+        if logp[s].shape[0]
+    ]
+    assert sum(parts).item() == pytest.approx(whole.item(), rel=1e-9, abs=1e-12)

@@ -173,3 +173,28 @@ def test_killed_fit_resumes_to_the_same_result(finished, tmp_path, tiny_model):
     )
     assert [r["step"] for r in read_tracker(resumed / "runs/demo/tracker.jsonl")] == [0, 1, 2, 3]
     assert dvc_status(resumed) == {}
+
+
+PRESETS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_each_algorithm_preset_trains_the_demo(preset, tmp_path, tiny_model):
+    from rlx.config import load, preset_overrides
+
+    project = make_project(tmp_path, tiny_model)
+    overrides = [*preset_overrides(preset), "rollout_steps=2", "evaluator_config.enable_evaluate=false"]
+    history = fit(project / "params.yaml", overrides)
+    assert len(history) == 2
+    config = load(project / "params.yaml")  # the preset was written into params.yaml, for DVC to record
+    assert config == load(ROOT / "params.yaml", [*SHORT_RUN, *overrides, "run.step=2", "run.prev=1"])
+    for metric in ("train/loss", "train/clipfrac", "train/approx_kl", "train/ratio_mean", "mismatch/k3_kl"):
+        assert all(metric in step for step in history), metric
+    if config.train_worker_cfg.loss_cfg.use_kl_loss:
+        assert all("train/kl" in step for step in history)
+    if config.advantage_estimator_config.use_kl_in_reward:
+        assert all("train/kl_in_reward" in step for step in history)
+    if config.dataflow_config.enable_dynamic_sampling:
+        assert all(1 <= step["filter/generated_batches"] <= 3 and step["filter/kept_groups"] <= 4 for step in history)
+        assert all(step["response/zero_std_groups_frac"] == 0 for step in history if step["filter/kept_groups"])
+    assert dvc_status(project) == {}

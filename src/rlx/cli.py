@@ -34,16 +34,27 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 ParamsArg = Annotated[Path, typer.Argument(help="The run's params.yaml.")]
+PresetsOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--preset", "-p", help="Apply a preset file (e.g. configs/dapo.yaml) before the -S overrides."),
+]
 OverridesOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-S", help="Override a field: -S dataflow_config.global_batch_size=32 (repeatable)."),
 ]
 
 
-def load_config(params: Path, overrides: list[str] | None):
+def all_overrides(presets: list[Path] | None, overrides: list[str] | None) -> list[str]:
+    """Presets first, each as the overrides of its leaves, then the -S overrides (which win)."""
+    from rlx.config import preset_overrides
+
+    return [o for preset in presets or [] for o in preset_overrides(preset)] + list(overrides or [])
+
+
+def load_config(params: Path, overrides: list[str] | None, presets: list[Path] | None = None):
     from rlx.config import load
 
-    return load(params, overrides or [])
+    return load(params, all_overrides(presets, overrides))
 
 
 def version_callback(value: bool) -> None:
@@ -64,11 +75,13 @@ def main_options(
 
 
 @config_app.command("show")
-def config_show(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
-    """Print the resolved configuration (defaults filled in, overrides applied) as YAML."""
+def config_show(
+    params: ParamsArg = Path("params.yaml"), presets: PresetsOpt = None, overrides: OverridesOpt = None
+) -> None:
+    """Print the resolved configuration (defaults filled in, presets and overrides applied) as YAML."""
     from rlx.config import to_yaml
 
-    console.print(to_yaml(load_config(params, overrides)), end="", markup=False, highlight=False)
+    console.print(to_yaml(load_config(params, overrides, presets)), end="", markup=False, highlight=False)
 
 
 @config_app.command("schema")
@@ -125,11 +138,14 @@ def stage(
 
 
 @app.command("fit")
-def fit(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
-    """Run the whole RL run, step after step through the DVC stages; rerun to resume."""
+def fit(params: ParamsArg = Path("params.yaml"), presets: PresetsOpt = None, overrides: OverridesOpt = None) -> None:
+    """Run the whole RL run, step after step through the DVC stages; rerun to resume.
+
+    Presets and -S overrides are written into params.yaml first (as `dvc exp run -S` does), so DVC
+    records the configuration that ran."""
     from rlx.fit import fit as run_fit
 
-    run_fit(params, overrides or [], console=console)
+    run_fit(params, all_overrides(presets, overrides), console=console)
 
 
 @app.command("convert-gsm8k")

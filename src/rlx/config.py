@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rlx.errors import UserError
 
+GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "pass_at_k"}
+
 
 class ConfigError(UserError):
     """The configuration file or an override is invalid."""
@@ -146,8 +148,10 @@ class DataFlowConfig(Section):
     global_batch_size: int = Field(16, gt=0, description="Prompt groups per rollout step.")
     prompt_repeat_k: int = Field(8, gt=0, description="Responses per prompt (the group size).")
     sample_params: SampleParams = Field(default_factory=SampleParams)
-    enable_dynamic_sampling: bool = Field(False, description="rlx addition: drop zero-variance groups (DAPO).")
-    max_retry_times: int = Field(3, ge=0, description="Extra batches tried to refill dropped groups.")
+    enable_dynamic_sampling: bool = Field(
+        False, description="rlx addition: drop groups whose rewards are all equal and refill them (DAPO)."
+    )
+    max_retry_times: int = Field(3, ge=0, description="Extra prompt batches dynamic sampling may draw per step.")
 
 
 class DatasetConfig(Section):
@@ -178,6 +182,14 @@ class JudgerItemConfig(Section):
     options: dict[str, Any] = Field(default_factory=dict, description="Judger-specific options.")
 
 
+class OverlongBufferConfig(Section):
+    """DAPO's soft overlong punishment, added to the reward of responses near max_tokens."""
+
+    enable: bool = False
+    len: int = Field(16, gt=0, description="The last this many tokens before max_tokens ramp the penalty to -factor.")
+    penalty_factor: float = Field(1.0, ge=0)
+
+
 class JudgerConfig(Section):
     """Verifiable rewards (XTuner ``JudgerConfig``)."""
 
@@ -186,6 +198,7 @@ class JudgerConfig(Section):
         min_length=1,
     )
     timeout: float = Field(5.0, gt=0, description="Seconds per sample before its reward is 0.")
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=lambda: OverlongBufferConfig())
 
 
 class AdamWConfig(Section):
@@ -207,12 +220,26 @@ class LRConfig(Section):
 
 
 class PolicyLossConfig(Section):
-    """The clipped surrogate (XTuner ``policy_loss_cfg``)."""
+    """The policy-gradient surrogate (XTuner ``policy_loss_cfg``)."""
 
-    loss_type: Literal["vanilla"] = "vanilla"
+    loss_type: Literal["vanilla", "gspo", "cispo"] = Field(
+        "vanilla", description="vanilla: PPO clip; gspo: sequence ratio (GSPO); cispo: clipped IS weight (CISPO)."
+    )
     cliprange_low: float = Field(0.2, ge=0)
     cliprange_high: float = Field(0.2, ge=0, description="Above cliprange_low gives DAPO's clip-higher.")
     clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages.")
+
+
+class RolloutCorrectionConfig(Section):
+    """rlx addition: importance weights for the rollout/train log-prob mismatch (off by default)."""
+
+    enabled: bool = False
+    level: Literal["token", "sequence"] = "token"
+    mode: Literal["truncate", "mask"] = Field(
+        "truncate", description="truncate: cap at threshold_high (TIS); mask: drop."
+    )
+    threshold_high: float = Field(2.0, gt=1)
+    threshold_low: float = Field(0.5, gt=0, lt=1, description="Lower bound of the mask mode.")
 
 
 class LossConfig(Section):
@@ -226,6 +253,8 @@ class LossConfig(Section):
     kl_loss_coef: float = Field(0.001, ge=0)
     kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
     entropy_coef: float = Field(0.0, ge=0, description="rlx addition: entropy bonus.")
+    mask_truncated: bool = Field(False, description="Leave responses cut at max_tokens out of the loss (DAPO).")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
 
 
 class DeepSpeedConfig(Section):
@@ -262,11 +291,26 @@ class EvaluatorConfig(Section):
     sample_params: SampleParams = Field(default_factory=lambda: SampleParams(temperature=0.0, do_sample=False))
 
 
+class KLControlConfig(Section):
+    """The KL-in-reward coefficient: fixed, or adaptive towards a target KL (Ziegler et al., 2019)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = Field(0.001, ge=0)
+    target_kl: float = Field(0.1, gt=0)
+    horizon: int = Field(10000, gt=0, description="Samples over which the adaptive coefficient may move 20 %.")
+
+
 class AdvantageEstimatorConfig(Section):
     """How rewards become advantages."""
 
-    type: Literal["grpo"] = "grpo"
-    eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
+    type: Literal[
+        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "pass_at_k"
+    ] = "grpo"
+    eps: float = Field(1e-6, gt=0, description="Added to the std before dividing (grpo, reinforce_plus_plus*).")
+    k: int = Field(4, ge=1, description="The k of pass_at_k.")
+    use_kl_in_reward: bool = Field(False, description="Subtract kl_ctrl.kl_coef x the response's KL from its reward.")
+    kl_penalty: Literal["k1", "k2", "k3", "abs"] = "k1"
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
 
 
 class LoadCheckpointConfig(Section):
@@ -355,10 +399,16 @@ class RLTrainerConfig(Section):
                 f"resources.num_workers is {self.resources.num_workers}, but this version of rlx trains in one "
                 "process; set it to 1"
             )
-        if self.advantage_estimator_config.type == "grpo" and self.dataflow_config.prompt_repeat_k < 2:
+        estimator, group_size = self.advantage_estimator_config.type, self.dataflow_config.prompt_repeat_k
+        if estimator in GROUP_ESTIMATORS and group_size < 2:
             raise ValueError(
-                "advantage_estimator_config.type 'grpo' compares responses within a group: "
-                f"dataflow_config.prompt_repeat_k must be at least 2, got {self.dataflow_config.prompt_repeat_k}"
+                f"advantage_estimator_config.type {estimator!r} compares responses within a group: "
+                f"dataflow_config.prompt_repeat_k must be at least 2, got {group_size}"
+            )
+        if estimator == "pass_at_k" and self.advantage_estimator_config.k > group_size:
+            raise ValueError(
+                f"advantage_estimator_config.k ({self.advantage_estimator_config.k}) cannot exceed "
+                f"dataflow_config.prompt_repeat_k ({group_size})"
             )
         return self
 
@@ -393,6 +443,23 @@ def apply_override(tree: dict[str, Any], override: str) -> None:
         node[leaf] = value
     else:
         raise ConfigError(f"override {override!r}: {'.'.join(parents)} is a {type(node).__name__}, not a section")
+
+
+def preset_overrides(path: Path) -> list[str]:
+    """A preset file (a partial params.yaml) as ``KEY=VALUE`` overrides, one per leaf."""
+    overrides: list[str] = []
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), value)
+        else:
+            overrides.append(
+                f"{prefix}={yaml.safe_dump(node, default_flow_style=True).strip().removesuffix('...').strip()}"
+            )
+
+    walk("", read_yaml(Path(path)))
+    return overrides
 
 
 def _list_index(items: list, part: str, path: str) -> int:

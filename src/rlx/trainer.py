@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlx.artifacts import atomic_dir, write_json
+from rlx.artifacts import atomic_dir, read_json, write_json
 from rlx.config import LRConfig, WorkerConfig
 
 DEEPSPEED_TAG = "state"
@@ -117,6 +117,9 @@ class PolicyTrainer:
         )
         if (state_dir / DEEPSPEED_TAG).is_dir():
             self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG)
+        self.state = (
+            read_json(state_dir / "state.json").get("extra", {}) if (state_dir / "state.json").is_file() else {}
+        )
         self.cfg = cfg
 
     @property
@@ -139,11 +142,13 @@ class PolicyTrainer:
         norm = self.engine.get_global_grad_norm()
         return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
 
-    def save(self, policy_dir: Path, state_dir: Path, tokenizer) -> None:
-        """Write the policy as a HF folder and the optimizer/scheduler state beside it, each atomically."""
+    def save(self, policy_dir: Path, state_dir: Path, tokenizer, extra: dict) -> None:
+        """Write the policy as a HF folder and the optimizer/scheduler state beside it, each atomically.
+        ``extra`` holds what else the next step needs (e.g. an adaptive KL coefficient)."""
         with atomic_dir(policy_dir) as tmp:
             self.engine.module.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
         with atomic_dir(state_dir) as tmp:
             self.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
-            write_json({"global_steps": self.engine.global_steps}, tmp / "state.json")
+            write_json({"global_steps": self.engine.global_steps, "extra": extra}, tmp / "state.json")
+        self.state = extra

@@ -27,3 +27,10 @@ def estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> to
     if kind == "abs":
         return log_ratio.abs()
     raise ValueError(f"unknown KL estimator {kind!r}; available: k1, k2, k3, abs")
+
+
+def adaptive_kl_coef(coef: float, observed_kl: float, target_kl: float, horizon: int, batch_size: int) -> float:
+    """The adaptive KL controller of Ziegler et al. (2019): move the coefficient towards the value
+    that keeps the observed KL at ``target_kl``, by at most 20 % per ``horizon`` samples."""
+    error = max(-0.2, min(0.2, observed_kl / target_kl - 1))
+    return coef * (1 + error * batch_size / horizon)

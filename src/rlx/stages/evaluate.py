@@ -35,6 +35,7 @@ SAMPLE_SCHEMA = pa.schema(
         ("extracted", pa.string()),
         ("correct", pa.bool_()),
         ("error", pa.string()),
+        ("overlong_penalty", pa.float64()),
     ]
 )
 

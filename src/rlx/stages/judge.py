@@ -1,7 +1,8 @@
 """Stage ``judge``: every response scored by the judgers of its ``data_source``.
 
 Output ``step-N/judged.parquet``, one row per response in rollout order: ``step, group, sample,
-reward`` (the weighted total), ``scores`` (each judger's, as JSON), ``extracted, correct, error``.
+reward`` (the weighted total plus any overlong penalty), ``scores`` (each judger's, as JSON),
+``extracted, correct, error, overlong_penalty``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 
 import torch
 
+from rlx.algo.shaping import overlong_penalty
 from rlx.artifacts import read_rows, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
@@ -27,6 +29,7 @@ def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
                 "extracted": verdict.extracted,
                 "correct": verdict.correct,
                 "error": verdict.error,
+                "overlong_penalty": 0.0,
             }
         )
     return judged
@@ -36,6 +39,14 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     rollouts = read_rows(paths.rollouts)
     judged = judge_rows(Panel(config.judger_config), rollouts, "response_text")
+    buffer = config.judger_config.overlong_buffer
+    if buffer.enable:
+        lengths = torch.tensor([row["response_len"] for row in rollouts])
+        max_tokens = config.dataflow_config.sample_params.max_tokens
+        penalties = overlong_penalty(lengths, max_tokens, buffer.len, buffer.penalty_factor).tolist()
+        for row, penalty in zip(judged, penalties, strict=True):
+            row["reward"] += penalty
+            row["overlong_penalty"] = penalty
     rows = [
         {"step": step, "group": r["group"], "sample": r["sample"], **j} for r, j in zip(rollouts, judged, strict=True)
     ]
@@ -50,6 +61,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         "response/rewards/min": rewards.min().item(),
         "response/correct/mean": sum(row["correct"] for row in rows) / len(rows),
         "response/zero_std_groups_frac": (groups.std(dim=1) == 0).float().mean().item(),
+        "response/overlong_penalty/mean": sum(row["overlong_penalty"] for row in rows) / len(rows),
         "judge/errors": len(errors),
         "judge/first_error": errors[0] if errors else "",
     }

@@ -1,7 +1,8 @@
 """Stage ``prepare``: the step's prompt groups, drawn from the datasets in a seeded order per epoch.
 
-Output ``step-N/prompts.parquet``, one row per group: ``step, group, epoch, dataset, index,
-data_source, prompt`` (chat messages as JSON), ``prompt_ids, ground_truth``.
+Output ``step-N/prompts.parquet``, one row per group: ``step, group, batch, epoch, dataset, index,
+data_source, prompt`` (chat messages as JSON), ``prompt_ids, ground_truth``. ``batch`` 0 is the step's
+``global_batch_size`` groups; with dynamic sampling, batches 1, 2, ... are the reserve it refills from.
 """
 
 from __future__ import annotations
@@ -75,10 +76,27 @@ def step_groups(pool: PromptPool, config: RLTrainerConfig, step: int) -> tuple[i
     return epoch, [pool.rows[i] for i in order[position * size : (position + 1) * size]]
 
 
+def reserve_groups(pool: PromptPool, config: RLTrainerConfig, step: int) -> list[dict]:
+    """Prompts to refill a step whose groups dynamic sampling dropped: ``max_retry_times`` batches
+    drawn from the pool in a seeded order of the step's own."""
+    flow = config.dataflow_config
+    count = flow.max_retry_times * flow.global_batch_size if flow.enable_dynamic_sampling else 0
+    order = random.Random(config.seed * 1_000_003 + 7919 * step).sample(
+        range(len(pool.rows)), min(count, len(pool.rows))
+    )
+    return [pool.rows[i] for i in order]
+
+
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
+    """Write the step's groups (``batch`` 0) and, with dynamic sampling, its reserve (``batch`` 1, 2, ...)."""
     epoch, rows = step_groups(engines.prompt_pool, config, step)
+    size = config.dataflow_config.global_batch_size
+    rows += reserve_groups(engines.prompt_pool, config, step)
     paths = engines.layout.step(step)
-    write_rows([{"step": step, "group": g, "epoch": epoch, **row} for g, row in enumerate(rows)], paths.prompts)
+    write_rows(
+        [{"step": step, "group": g, "batch": g // size, "epoch": epoch, **row} for g, row in enumerate(rows)],
+        paths.prompts,
+    )
     return {
         "prompts/epoch": epoch,
         "prompts/pool_size": len(engines.prompt_pool.rows),

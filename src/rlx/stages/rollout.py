@@ -1,5 +1,8 @@
 """Stage ``rollout``: ``prompt_repeat_k`` responses per prompt group from the previous step's policy.
 
+With ``dataflow_config.enable_dynamic_sampling``, groups whose responses all score the same are
+dropped and replaced from the step's reserve prompts, up to ``max_retry_times`` extra batches.
+
 Output ``step-N/rollouts.parquet``, one row per response, ordered group by group: ``step, group,
 sample, data_source, ground_truth, prompt_ids, response_ids, response_text, rollout_logprobs,
 finish_reason, prompt_len, response_len``.
@@ -11,7 +14,9 @@ import time
 
 from rlx.artifacts import read_rows, write_rows
 from rlx.config import RLTrainerConfig
+from rlx.judgers import Panel
 from rlx.rollout import generate
+from rlx.stages.judge import judge_rows
 
 
 def sampling_seed(config: RLTrainerConfig, step: int) -> int:
@@ -20,20 +25,17 @@ def sampling_seed(config: RLTrainerConfig, step: int) -> int:
     return (params.seed if params.seed is not None else config.seed) * 1_000_003 + step
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    paths = engines.layout.step(step)
-    groups = read_rows(paths.prompts)
+def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict], seed: int) -> list[dict]:
+    """``prompt_repeat_k`` responses for each group, as rollout rows in group order."""
     k = config.dataflow_config.prompt_repeat_k
-    started = time.perf_counter()
     generations = generate(
         config.rollout_config,
         engines.policy(step - 1),
         engines.tokenizer,
         [group["prompt_ids"] for group in groups for _ in range(k)],
         config.dataflow_config.sample_params,
-        seed=sampling_seed(config, step),
+        seed=seed,
     )
-    seconds = time.perf_counter() - started
     rows = []
     for position, out in enumerate(generations):
         group = groups[position // k]
@@ -53,13 +55,45 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
                 "response_len": len(out.response_ids),
             }
         )
+    return rows
+
+
+def informative_groups(rows: list[dict], k: int, panel: Panel) -> list[list[dict]]:
+    """The groups whose rewards are not all equal: the only ones that carry a gradient (DAPO)."""
+    rewards = [verdict["reward"] for verdict in judge_rows(panel, rows, "response_text")]
+    groups = [rows[i : i + k] for i in range(0, len(rows), k)]
+    return [group for i, group in enumerate(groups) if len(set(rewards[i * k : (i + 1) * k])) > 1]
+
+
+def run(config: RLTrainerConfig, step: int, engines) -> dict:
+    paths = engines.layout.step(step)
+    flow = config.dataflow_config
+    prompts = read_rows(paths.prompts)
+    batches = [[g for g in prompts if g["batch"] == b] for b in range(max(g["batch"] for g in prompts) + 1)]
+    started = time.perf_counter()
+    rows = sample_groups(config, step, engines, batches[0], sampling_seed(config, step))
+    generated, metrics, tokens = 1, {}, sum(row["response_len"] for row in rows)
+    if flow.enable_dynamic_sampling:
+        # Dynamic sampling (DAPO, Yu et al., 2025): keep informative groups, refill from the reserve.
+        panel = Panel(config.judger_config)
+        kept = informative_groups(rows, flow.prompt_repeat_k, panel)
+        while len(kept) < flow.global_batch_size and generated < len(batches):
+            extra = sample_groups(config, step, engines, batches[generated], sampling_seed(config, step) + generated)
+            tokens += sum(row["response_len"] for row in extra)
+            kept += informative_groups(extra, flow.prompt_repeat_k, panel)
+            generated += 1
+        if kept:  # with none at all, train on the first batch: its advantages are 0, the update a no-op
+            rows = [row for group in kept[: flow.global_batch_size] for row in group]
+        metrics = {"filter/kept_groups": len(kept[: flow.global_batch_size]), "filter/generated_batches": generated}
+    seconds = time.perf_counter() - started
     write_rows(rows, paths.rollouts)
     lengths = [row["response_len"] for row in rows]
     return {
+        **metrics,
         "response/response_len/mean": sum(lengths) / len(lengths),
         "response/response_len/max": max(lengths),
         "response/truncated_frac": sum(row["finish_reason"] == "length" for row in rows) / len(rows),
-        "perf/rollout_tokens_per_s": sum(lengths) / seconds,
+        "perf/rollout_tokens_per_s": tokens / seconds,
     }
 
 

@@ -17,7 +17,9 @@ import torch
 
 from rlx.algo import advantages as adv
 from rlx.algo import kl as kl_estimators
-from rlx.algo.losses import aggregate, masked_mean, policy_loss
+from rlx.algo.correction import importance_weights, mismatch_metrics
+from rlx.algo.kl import adaptive_kl_coef
+from rlx.algo.losses import aggregate, policy_loss
 from rlx.artifacts import read_rows
 from rlx.config import LossConfig, RLTrainerConfig
 from rlx.stages.curves import write_curve
@@ -42,12 +44,14 @@ def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[l
 class Micro:
     """One micro-batch with what the loss needs besides the live policy."""
 
+    indices: list[int]
     batch: TokenBatch
-    advantages: torch.Tensor
     old_logp: torch.Tensor
     rollout_logp: torch.Tensor
     ref_logp: torch.Tensor | None
     share: float  # its samples / its mini-batch's samples
+    advantages: torch.Tensor | None = None
+    token_weights: torch.Tensor | None = None
 
 
 def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, options: dict):
@@ -67,21 +71,19 @@ def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, 
         cliprange_high=clip.cliprange_high,
         clip_ratio_c=clip.clip_ratio_c,
         loss_agg_mode=loss_cfg.loss_agg_mode,
+        token_weights=micro.token_weights,
         **options,
     )
     entropy_term = aggregate(entropy, mask, loss_cfg.loss_agg_mode, **options)
     loss = scale * (pg_loss - loss_cfg.entropy_coef * entropy_term)
     values = {"pg_loss": scale * pg_loss.item(), "entropy": scale * entropy_term.item()}
-    if micro.ref_logp is not None:
+    if loss_cfg.use_kl_loss:
         kl_per_token = kl_estimators.estimate(logp, micro.ref_logp, loss_cfg.kl_loss_type)
         kl = aggregate(kl_per_token, mask, loss_cfg.loss_agg_mode, **options)
         loss = loss + scale * loss_cfg.kl_loss_coef * kl
         values["kl"] = scale * kl.item()
     values["loss"] = loss.item()
     values.update({name: value.item() * micro.batch.num_tokens for name, value in metrics.items()})
-    values["rollout_train_logprob_diff"] = (
-        masked_mean((micro.old_logp - micro.rollout_logp).abs(), mask).item() * micro.batch.num_tokens
-    )
     return loss, values
 
 
@@ -95,20 +97,12 @@ def rollout_logprobs(rollouts: list[dict], indices: list[int], like: torch.Tenso
     return out
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
+def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer, engines) -> list[list[Micro]]:
+    """Mini-batches of micro-batches, with the old (and reference) log-probs computed before any update."""
     worker, loss_cfg = config.train_worker_cfg, config.train_worker_cfg.loss_cfg
-    paths = engines.layout.step(step)
-    rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
-    rewards = torch.tensor([row["reward"] for row in judged], dtype=torch.float32)
-    estimator = config.advantage_estimator_config
-    advantages = adv.compute(estimator.type, rewards, config.dataflow_config.prompt_repeat_k, eps=estimator.eps)
-    trainer = engines.trainer(step - 1)
     temperature = config.dataflow_config.sample_params.temperature or 1.0
+    needs_reference = loss_cfg.use_kl_loss or config.advantage_estimator_config.use_kl_in_reward
     lengths = [row["prompt_len"] + row["response_len"] for row in rollouts]
-    timings = defaultdict(float)
-
-    # Old (and reference) log-probs for every micro-batch, before the first update.
-    started = time.perf_counter()
     minis = []
     for mini in torch.arange(len(rollouts)).chunk(worker.optimizer_steps):
         mini = mini.tolist()
@@ -119,29 +113,83 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
                 [rollouts[i]["response_ids"] for i in indices],
                 engines.tokenizer.pad_token_id,
             )
+            if loss_cfg.mask_truncated:
+                kept = torch.tensor([rollouts[i]["finish_reason"] != "length" for i in indices], dtype=batch.mask.dtype)
+                batch.mask = batch.mask * kept.unsqueeze(-1)
             old = trainer.logprobs(batch, temperature)
             ref = None
-            if loss_cfg.use_kl_loss:
+            if needs_reference:
                 with torch.no_grad():
                     ref = token_logprobs(engines.reference, batch, temperature)[0]
-            micros.append(
-                Micro(
-                    batch,
-                    advantages[indices],
-                    old,
-                    rollout_logprobs(rollouts, indices, old),
-                    ref,
-                    len(indices) / len(mini),
-                )
-            )
+            rollout = rollout_logprobs(rollouts, indices, old)
+            micros.append(Micro(indices, batch, old, rollout, ref, len(indices) / len(mini)))
         minis.append(micros)
+    return minis
+
+
+def kl_in_reward(config: RLTrainerConfig, minis: list[list[Micro]], count: int) -> torch.Tensor:
+    """Each response's summed KL to the reference (``kl_penalty`` estimator), in rollout order."""
+    kind = config.advantage_estimator_config.kl_penalty
+    kl = torch.zeros(count)
+    for micro in (m for micros in minis for m in micros):
+        per_token = kl_estimators.estimate(micro.old_logp, micro.ref_logp, kind) * micro.batch.mask
+        kl[micro.indices] = per_token.sum(dim=-1)
+    return kl
+
+
+def response_mask(rollouts: list[dict]) -> torch.Tensor:
+    lengths = torch.tensor([row["response_len"] for row in rollouts])
+    return (torch.arange(int(lengths.max().clamp(min=1))) < lengths.unsqueeze(-1)).float()
+
+
+def run(config: RLTrainerConfig, step: int, engines) -> dict:
+    loss_cfg, estimator = config.train_worker_cfg.loss_cfg, config.advantage_estimator_config
+    paths = engines.layout.step(step)
+    rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
+    trainer = engines.trainer(step - 1)
+    temperature = config.dataflow_config.sample_params.temperature or 1.0
+    timings, extra = defaultdict(float), {}
+
+    started = time.perf_counter()
+    minis = prepare_micro_batches(config, rollouts, trainer, engines)
     timings["time/train/old_logprob"] = time.perf_counter() - started
 
+    rewards = torch.tensor([row["reward"] for row in judged], dtype=torch.float32)
+    kl_coef = trainer.state.get("kl_coef", estimator.kl_ctrl.kl_coef)
+    if estimator.use_kl_in_reward:
+        kl = kl_in_reward(config, minis, len(rollouts))
+        rewards = rewards - kl_coef * kl
+        extra.update({"train/kl_in_reward": kl.mean().item(), "train/kl_in_reward_coef": kl_coef})
+        if estimator.kl_ctrl.type == "adaptive":
+            ctrl = estimator.kl_ctrl
+            kl_coef = adaptive_kl_coef(kl_coef, kl.mean().item(), ctrl.target_kl, ctrl.horizon, len(rollouts))
+    advantages = adv.compute(
+        estimator.type,
+        rewards,
+        config.dataflow_config.prompt_repeat_k,
+        mask=response_mask(rollouts),
+        eps=estimator.eps,
+        k=estimator.k,
+    )
+    correction = loss_cfg.rollout_correction
+    for micro in (m for micros in minis for m in micros):
+        micro.advantages = advantages[micro.indices]
+        if correction.enabled:
+            micro.token_weights = importance_weights(
+                micro.old_logp,
+                micro.rollout_logp,
+                micro.batch.mask,
+                level=correction.level,
+                mode=correction.mode,
+                threshold_high=correction.threshold_high,
+                threshold_low=correction.threshold_low,
+            )
+
     totals = defaultdict(float)
-    all_tokens = sum(micro.batch.num_tokens for micros in minis for micro in micros)
+    all_tokens = max(1, sum(micro.batch.num_tokens for micros in minis for micro in micros))
     for micros in minis:
         options = {
-            "global_tokens": sum(micro.batch.num_tokens for micro in micros),
+            "global_tokens": max(1, sum(micro.batch.num_tokens for micro in micros)),
             "norm_length": config.dataflow_config.sample_params.max_tokens,
         }
         started = time.perf_counter()
@@ -157,20 +205,29 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         timings["time/train/optimizer"] += time.perf_counter() - started
 
     started = time.perf_counter()
-    trainer.save(paths.policy, paths.trainer_state, engines.tokenizer)
+    trainer.save(paths.policy, paths.trainer_state, engines.tokenizer, {"kl_coef": kl_coef})
     engines.trainer_advanced_to(step)
     timings["time/train/save"] = time.perf_counter() - started
     per_update = {"loss", "pg_loss", "entropy", "kl", "grad_norm", "lr"}
     metrics = {
         f"train/{name}": value / (len(minis) if name in per_update else all_tokens) for name, value in totals.items()
     }
+    every = [m for micros in minis for m in micros]
+    mismatch = mismatch_metrics(
+        torch.cat([m.old_logp.flatten() for m in every]),
+        torch.cat([m.rollout_logp.flatten() for m in every]),
+        torch.cat([m.batch.mask.flatten() for m in every]),
+    )
+    tokens = sum(row["prompt_len"] + row["response_len"] for row in rollouts)
     busy = timings["time/train/forward_backward"] + timings["time/train/optimizer"]
     return {
         **metrics,
+        **mismatch,
+        **extra,
         **timings,
         "train/advantages/abs_mean": advantages.abs().mean().item(),
-        "train/tokens": sum(lengths),
-        "perf/train_tokens_per_s": sum(lengths) / busy,
+        "train/tokens": tokens,
+        "perf/train_tokens_per_s": tokens / busy,
     }
 
 
