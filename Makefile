@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install fit test
+.PHONY: install fit test bench
 
 install: $(STAMP)
 
@@ -22,3 +22,7 @@ fit: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Benchmarks (pytest-benchmark), not part of `make test`.
+bench: $(STAMP)
+	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-columns=min,median,mean,rounds

@@ -277,14 +277,22 @@ class WorkerConfig(Section):
     pack_max_length: int = Field(4096, gt=0, description="Token budget of one micro-batch.")
 
 
+class EvalDatasetConfig(DatasetConfig):
+    """An eval set; it may name its own judger and sampling (e.g. n samples for pass@k)."""
+
+    judger_name: str | None = Field(None, description="Judger for this set; default: judger_config by data_source.")
+    judger_options: dict[str, Any] = Field(default_factory=dict)
+    sample_params: SampleParams | None = Field(None, description="Sampling for this set; default: the evaluator's.")
+
+
 class EvaluatorConfig(Section):
     """Held-out evaluation (XTuner ``EvaluatorConfig``)."""
 
     enable_evaluate: bool = True
     enable_initial_evaluate: bool = Field(True, description="Evaluate the base policy as step 0 (rlx default on).")
     evaluate_step: int = Field(10, gt=0, description="Evaluate every this many rollout steps and at the end.")
-    dataset_cfg: list[DatasetConfig] = Field(
-        default_factory=lambda: [DatasetConfig(name="arith", anno_path=Path("data/arith/test.parquet"))],
+    dataset_cfg: list[EvalDatasetConfig] = Field(
+        default_factory=lambda: [EvalDatasetConfig(name="arith", anno_path=Path("data/arith/test.parquet"))],
         min_length=1,
     )
     eval_sample_ratio: float = Field(1.0, gt=0, le=1)

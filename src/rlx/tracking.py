@@ -80,7 +80,7 @@ class Tracker:
             "name": settings.name or Path(config.work_dir).name,
             "group": run_id,
             "mode": settings.mode,
-            "dir": str(self.layout.work_dir),
+            "dir": str(self.layout.work_dir.resolve()),  # W&B's service process may have another cwd
             "config": config.model_dump(mode="json"),
         }
         try:

@@ -1,22 +1,39 @@
 """Verifiable rewards. ``get(name, **options)`` returns a judger; ``available()`` lists the names.
 
 A judger scores one response against the row's gold answer: ``score(response, gold, row=None) ->
-float``. ``extract(response)`` returns the answer it read (or None), kept in the judged artifact so a
-notebook can show why a response scored what it did.
+float`` (and ``score_batch`` for many). ``extract(response)`` returns the answer it read (or None),
+kept in the judged artifact so a notebook can show why a response scored what it did.
+
+:class:`Panel` applies the configured judgers to many responses: cheap ones in this process, the
+others (``math``, ``custom``) in worker processes under ``judger_config.timeout``, and a reward
+model in batches. A judger that
+raises, returns a non-number or runs out of time scores 0; the error is kept and counted.
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib
+import multiprocessing
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rlx.config import JudgerConfig
 from rlx.errors import UserError
+from rlx.judgers.custom import CustomJudger
+from rlx.judgers.format import FormatJudger
+from rlx.judgers.math import MathJudger
 from rlx.judgers.numeric import NumericAnswerJudger
+from rlx.judgers.reward_model import RewardModelJudger
 
-_FACTORIES: dict[str, Callable[..., NumericAnswerJudger]] = {
+_FACTORIES: dict[str, Callable] = {
     "arith": lambda **options: NumericAnswerJudger(**{"strict": True, **options}),
-    "gsm8k": lambda **options: NumericAnswerJudger(**options),
+    "gsm8k": NumericAnswerJudger,
+    "math": MathJudger,
+    "format": FormatJudger,
+    "custom": CustomJudger,
+    "reward_model": RewardModelJudger,
 }
 
 
@@ -24,13 +41,39 @@ def available() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def get(name: str, **options) -> NumericAnswerJudger:
+def get(name: str, **options):
     if name not in _FACTORIES:
         raise UserError(f"unknown judger {name!r}; available: {', '.join(available())}")
     try:
         return _FACTORIES[name](**options)
     except TypeError as exc:
         raise UserError(f"judger {name!r}: bad options {options} ({exc})") from None
+
+
+def score_batch(judger, responses: list[str], golds: list[str], rows: list[dict] | None = None) -> list[float]:
+    """Scores of many responses with one judger (errors raise: this is the plain API)."""
+    rows = rows or [None] * len(responses)
+    return [judger.score(r, g, row) for r, g, row in zip(responses, golds, rows, strict=True)]
+
+
+def safe_score(judger, response: str, gold: str, row: dict | None) -> tuple[float, str | None, str | None]:
+    """(score, extracted answer, error): never raises, a non-number is an error."""
+    try:
+        score = judger.score(response, gold, row)
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            raise TypeError(f"returned {score!r}, not a number")
+        return float(score), judger.extract(response), None
+    except Exception as exc:  # noqa: BLE001 - a judger's bug must not end the run: count it instead
+        return 0.0, None, f"{type(exc).__name__}: {exc}"
+
+
+def batch_scores(judger, items: list[tuple]) -> list[tuple[float, str | None, str | None]]:
+    """``safe_score`` for a batched judger (a reward model): one failure scores the whole batch 0."""
+    try:
+        scores = judger.score_batch([i[0] for i in items], [i[2] for i in items], [i[3] for i in items])
+        return [(float(score), None, None) for score in scores]
+    except Exception as exc:  # noqa: BLE001 - a judger's failure must not end the run: count it instead
+        return [(0.0, None, f"{type(exc).__name__}: {exc}")] * len(items)
 
 
 @dataclass
@@ -49,9 +92,35 @@ class Seat:
     """One configured judger: what it is, its weight in the total, and the data sources it scores."""
 
     name: str
-    judger: NumericAnswerJudger
+    judger: object
     weight: float
     sources: tuple[str, ...]
+
+
+_POOL: dict[str, object] = {}
+
+
+def _ready() -> bool:
+    return True
+
+
+def worker_pool():
+    """Worker processes for the judgers that may be slow, kept for the life of this process. They are
+    started (and their imports done) before any judging, so start-up never eats a sample's time limit."""
+    if "pool" not in _POOL:
+        processes = min(4, os.cpu_count() or 1)
+        pool = multiprocessing.get_context("spawn").Pool(processes, importlib.import_module, ("rlx.judgers",))
+        pool.starmap(_ready, [()] * processes, chunksize=1)
+        _POOL["pool"] = pool
+        atexit.register(discard_pool)
+    return _POOL["pool"]
+
+
+def discard_pool() -> None:
+    """Kill the workers (one may be stuck in a judger that hangs); the next call starts fresh ones."""
+    pool = _POOL.pop("pool", None)
+    if pool is not None:
+        pool.terminate()
 
 
 @dataclass
@@ -68,23 +137,50 @@ class Panel:
             for item in self.config.reward_judger_configs
         ]  # fmt: skip
 
-    def judge(self, response: str, data_source: str, gold: str) -> Verdict:
-        """Score with every judger of this data source. A judger that raises scores 0 and the error
-        is kept, so one bad sample never stops a run."""
+    def seats_for(self, data_source: str) -> list[Seat]:
         seats = [seat for seat in self.seats if data_source in seat.sources]
         if not seats:
             covered = sorted({source for seat in self.seats for source in seat.sources})
             raise UserError(
                 f"no judger scores data_source {data_source!r}; judger_config.reward_judger_configs covers {covered}"
             )
-        scores, extracted, errors = {}, None, []
-        for seat in seats:
+        return seats
+
+    def judge(self, response: str, data_source: str, gold: str, row: dict | None = None) -> Verdict:
+        return self.judge_many([(response, data_source, gold, row)])[0]
+
+    def judge_many(self, items: list[tuple[str, str, str, dict | None]]) -> list[Verdict]:
+        """Judge ``(response, data_source, gold, row)`` items; slow judgers run in parallel processes."""
+        results: list[dict[str, tuple]] = [{} for _ in items]
+        pending, batched = [], {}
+        for index, (response, data_source, gold, row) in enumerate(items):
+            for seat in self.seats_for(data_source):
+                if getattr(seat.judger, "batched", False):
+                    batched.setdefault(seat.name, (seat, []))[1].append(index)
+                elif seat.judger.in_process:
+                    results[index][seat.name] = safe_score(seat.judger, response, gold, row)
+                else:
+                    task = worker_pool().apply_async(safe_score, (seat.judger, response, gold, row))
+                    pending.append((index, seat.name, task))
+        for seat, indices in batched.values():
+            for index, outcome in zip(indices, batch_scores(seat.judger, [items[i] for i in indices]), strict=True):
+                results[index][seat.name] = outcome
+        timed_out = False
+        for index, name, task in pending:
             try:
-                scores[seat.name] = float(seat.judger.score(response, gold))
-                extracted = extracted if extracted is not None else seat.judger.extract(response)
-            except Exception as exc:  # a judger's bug must not end the run: count it instead
-                scores[seat.name] = 0.0
-                errors.append(f"{seat.name}: {type(exc).__name__}: {exc}")
+                results[index][name] = task.get(timeout=self.config.timeout)
+            except multiprocessing.TimeoutError:
+                results[index][name] = (0.0, None, f"timeout: no score within {self.config.timeout} s")
+                timed_out = True
+        if timed_out:
+            discard_pool()
+        return [self.verdict(items[i][1], results[i]) for i in range(len(items))]
+
+    def verdict(self, data_source: str, results: dict[str, tuple]) -> Verdict:
+        seats = self.seats_for(data_source)
+        scores = {seat.name: results[seat.name][0] for seat in seats}
+        extracted = next((results[seat.name][1] for seat in seats if results[seat.name][1] is not None), None)
+        errors = [f"{seat.name}: {results[seat.name][2]}" for seat in seats if results[seat.name][2]]
         reward = sum(seat.weight * scores[seat.name] for seat in seats)
         correct = all(scores[seat.name] >= seat.judger.correct_score for seat in seats)
         return Verdict(reward, scores, extracted, correct, "; ".join(errors) or None)

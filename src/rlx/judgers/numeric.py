@@ -27,6 +27,7 @@ class NumericAnswerJudger:
     tail_chars: int = 300
     correct_score: float = 1.0
     wrong_score: float = 0.0
+    in_process = True
 
     def extract(self, response: str) -> str | None:
         tail = response[-self.tail_chars :]

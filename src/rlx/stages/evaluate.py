@@ -2,18 +2,21 @@
 
 Output ``step-N/eval_samples.parquet`` (one row per response: ``step, dataset, index, data_source,
 ground_truth, response_text, response_len, finish_reason, reward, extracted, correct``; empty on a
-step without evaluation) and ``curves/eval.csv``. Metrics: ``eval/accuracy`` (mean@1 over all sets),
-``eval/<dataset>/accuracy`` and ``eval/response_len/mean``.
+step without evaluation) and ``curves/eval.csv``. Metrics: ``eval/accuracy`` (mean@1 over all sets) and,
+per set, ``eval/<dataset>/accuracy`` (mean@1), with ``n`` samples per prompt also ``mean@n``, ``pass@k``
+(unbiased estimator) and ``maj@n``, plus response length, truncation rate and accuracy per data source.
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections import Counter
 
 import pyarrow as pa
 
 from rlx.artifacts import write_rows
-from rlx.config import RLTrainerConfig
+from rlx.config import JudgerItemConfig, RLTrainerConfig
 from rlx.data import load_rows, prompt_ids
 from rlx.judgers import Panel
 from rlx.rollout import generate
@@ -49,32 +52,77 @@ def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
     return step % evaluator.evaluate_step == 0 or step == total_steps
 
 
-def evaluate_policy(config: RLTrainerConfig, step: int, engines) -> tuple[list[dict], dict]:
-    """Generate on every eval set with the policy after ``step`` steps and judge the answers."""
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """The unbiased pass@k estimator of Chen et al. (2021): ``1 - C(n - c, k) / C(n, k)``."""
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+def majority_correct(samples: list[dict]) -> bool:
+    """Whether the most frequent extracted answer (ties: the first seen) is a correct one (maj@k)."""
+    answers = [s["extracted"] for s in samples if s["extracted"] is not None]
+    if not answers:
+        return False
+    top = Counter(answers).most_common(1)[0][0]
+    return next(s["correct"] for s in samples if s["extracted"] == top)
+
+
+def dataset_metrics(prefix: str, samples: list[dict], n: int) -> dict[str, float]:
+    """mean@1 (``accuracy``), mean@n, pass@k for k = 1, 2, 4, ... up to n, maj@n, lengths, truncation."""
+    prompts = [samples[i : i + n] for i in range(0, len(samples), n)]
+    metrics = {
+        f"{prefix}/accuracy": sum(s["correct"] for s in samples) / len(samples),
+        f"{prefix}/response_len/mean": sum(s["response_len"] for s in samples) / len(samples),
+        f"{prefix}/truncated_frac": sum(s["finish_reason"] == "length" for s in samples) / len(samples),
+    }
+    if n > 1:
+        metrics[f"{prefix}/mean@{n}"] = metrics[f"{prefix}/accuracy"]
+        metrics[f"{prefix}/maj@{n}"] = sum(majority_correct(p) for p in prompts) / len(prompts)
+        for k in (2**i for i in range(n.bit_length()) if 2**i <= n):
+            metrics[f"{prefix}/pass@{k}"] = sum(pass_at_k(n, sum(s["correct"] for s in p), k) for p in prompts) / len(
+                prompts
+            )
+    return metrics
+
+
+def dataset_panel(config: RLTrainerConfig, dataset, rows: list[dict]) -> Panel:
+    """The set's own judger for all its rows if it names one, else the run's judgers by data_source."""
+    if dataset.judger_name is None:
+        return Panel(config.judger_config)
+    own = JudgerItemConfig(
+        judger_name=dataset.judger_name,
+        data_source=sorted({row["data_source"] for row in rows}),
+        options=dataset.judger_options,
+    )
+    return Panel(config.judger_config.model_copy(update={"reward_judger_configs": [own]}))
+
+
+def evaluate_policy(config: RLTrainerConfig, model, tokenizer, step: int) -> tuple[list[dict], dict]:
+    """Generate on every eval set with ``model`` and judge the answers; returns samples and metrics."""
     evaluator = config.evaluator_config
-    panel = Panel(config.judger_config)
     samples, metrics = [], {}
     for dataset in evaluator.dataset_cfg:
         rows = load_rows(dataset.anno_path)
         count = max(1, round(len(rows) * evaluator.eval_sample_ratio))
         indices = sorted(random.Random(config.seed).sample(range(len(rows)), count))
-        n = evaluator.sample_params.n
+        params = dataset.sample_params or evaluator.sample_params
         outputs = generate(
             config.rollout_config,
-            engines.policy(step),
-            engines.tokenizer,
-            [prompt_ids(engines.tokenizer, rows[i]["prompt"]) for i in indices for _ in range(n)],
-            evaluator.sample_params,
+            model,
+            tokenizer,
+            [prompt_ids(tokenizer, rows[i]["prompt"]) for i in indices for _ in range(params.n)],
+            params,
             seed=config.seed,
         )
         produced = []
         for position, out in enumerate(outputs):
-            row = rows[indices[position // n]]
+            row = rows[indices[position // params.n]]
             produced.append(
                 {
                     "step": step,
                     "dataset": dataset.name,
-                    "index": indices[position // n],
+                    "index": indices[position // params.n],
                     "data_source": row["data_source"],
                     "ground_truth": str(row["reward_model"]["ground_truth"]),
                     "response_text": out.text,
@@ -82,9 +130,12 @@ def evaluate_policy(config: RLTrainerConfig, step: int, engines) -> tuple[list[d
                     "finish_reason": out.finish_reason,
                 }
             )
-        judged = judge_rows(panel, produced, "response_text")
+        judged = judge_rows(dataset_panel(config, dataset, rows), produced, "response_text")
         produced = [{**p, **j} for p, j in zip(produced, judged, strict=True)]
-        metrics[f"eval/{dataset.name}/accuracy"] = sum(p["correct"] for p in produced) / len(produced)
+        metrics.update(dataset_metrics(f"eval/{dataset.name}", produced, params.n))
+        for source in sorted({p["data_source"] for p in produced}):
+            of_source = [p for p in produced if p["data_source"] == source]
+            metrics[f"eval/source/{source}/accuracy"] = sum(p["correct"] for p in of_source) / len(of_source)
         samples.extend(produced)
     metrics["eval/accuracy"] = sum(s["correct"] for s in samples) / len(samples)
     metrics["eval/response_len/mean"] = sum(s["response_len"] for s in samples) / len(samples)
@@ -95,7 +146,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     samples, metrics = [], {"eval/evaluated": 0}
     if is_due(config, step, engines.total_steps):
-        samples, metrics = evaluate_policy(config, step, engines)
+        samples, metrics = evaluate_policy(config, engines.policy(step), engines.tokenizer, step)
         metrics["eval/evaluated"] = 1
     write_rows(samples, paths.eval_samples, schema=SAMPLE_SCHEMA)
     return metrics

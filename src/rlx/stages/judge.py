@@ -16,23 +16,32 @@ from rlx.artifacts import read_rows, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
 
+TOKEN_COLUMNS = ("prompt_ids", "response_ids", "rollout_logprobs")
+
 
 def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
-    """Judge each row's response; returns the judgment columns, in order."""
-    judged = []
-    for row in rows:
-        verdict = panel.judge(row[text_key], row["data_source"], row["ground_truth"])
-        judged.append(
-            {
-                "reward": verdict.reward,
-                "scores": json.dumps(verdict.scores),
-                "extracted": verdict.extracted,
-                "correct": verdict.correct,
-                "error": verdict.error,
-                "overlong_penalty": 0.0,
-            }
+    """Judge each row's response; returns the judgment columns, in order. Judgers see the row's
+    fields (without the token columns)."""
+    items = [
+        (
+            row[text_key],
+            row["data_source"],
+            row["ground_truth"],
+            {k: v for k, v in row.items() if k not in TOKEN_COLUMNS},
         )
-    return judged
+        for row in rows
+    ]
+    return [
+        {
+            "reward": verdict.reward,
+            "scores": json.dumps(verdict.scores),
+            "extracted": verdict.extracted,
+            "correct": verdict.correct,
+            "error": verdict.error,
+            "overlong_penalty": 0.0,
+        }
+        for verdict in panel.judge_many(items)
+    ]
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:

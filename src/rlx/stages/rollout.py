@@ -5,7 +5,7 @@ dropped and replaced from the step's reserve prompts, up to ``max_retry_times`` 
 
 Output ``step-N/rollouts.parquet``, one row per response, ordered group by group: ``step, group,
 sample, data_source, ground_truth, prompt_ids, response_ids, response_text, rollout_logprobs,
-finish_reason, prompt_len, response_len``.
+finish_reason, prompt_len, response_len`` and ``prompt`` (the chat messages as JSON).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict
                 "sample": position % k,
                 "data_source": group["data_source"],
                 "ground_truth": group["ground_truth"],
+                "prompt": group["prompt"],
                 "prompt_ids": out.prompt_ids,
                 "response_ids": out.response_ids,
                 "response_text": out.text,

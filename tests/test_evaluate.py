@@ -1,0 +1,68 @@
+"""Evaluation metrics as papers report them, and `rlx eval` / `rlx convert` on real files."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import DATA
+from rlx.artifacts import read_rows
+from rlx.cli import main
+from rlx.data import load_rows
+from rlx.stages.evaluate import dataset_metrics, majority_correct, pass_at_k
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(4, 1, 1), (4, 1, 2), (8, 3, 4), (8, 0, 2), (8, 8, 8), (5, 4, 3)])
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k):
+    # by hand: the chance that k of the n samples, drawn without replacement, include a correct one
+    expected = 1 - math.comb(n - c, k) / math.comb(n, k) if n - c >= k else 1.0
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+
+
+def sample(correct, extracted, finish="stop", length=10):
+    return {"correct": correct, "extracted": extracted, "finish_reason": finish, "response_len": length}
+
+
+def test_dataset_metrics_mean_pass_and_majority():
+    samples = [
+        sample(True, "4"), sample(False, "5"), sample(False, "5"), sample(True, "4"),  # maj tie: first seen wins
+        sample(False, "1", "length", 32), sample(False, "2"), sample(False, None), sample(False, "2"),
+    ]  # fmt: skip
+    metrics = dataset_metrics("eval/x", samples, n=4)
+    assert metrics["eval/x/accuracy"] == metrics["eval/x/mean@4"] == pytest.approx(2 / 8)
+    assert metrics["eval/x/pass@1"] == pytest.approx((0.5 + 0) / 2)
+    assert metrics["eval/x/pass@2"] == pytest.approx((1 - math.comb(2, 2) / math.comb(4, 2)) / 2)
+    assert metrics["eval/x/pass@4"] == pytest.approx(0.5)
+    assert metrics["eval/x/maj@4"] == pytest.approx(0.5)
+    assert metrics["eval/x/truncated_frac"] == pytest.approx(1 / 8)
+    assert not majority_correct([sample(False, None)])
+
+
+def test_convert_writes_the_real_sets_in_the_row_shape(tmp_path):
+    for name, source, count in (("gsm8k", "gsm8k/test.jsonl", 1319), ("math500", "math500/test.jsonl", 500)):
+        out = tmp_path / f"{name}.parquet"
+        with pytest.raises(SystemExit) as exited:
+            main(["convert", name, str(DATA / source), str(out)])
+        assert exited.value.code == 0
+        rows = load_rows(out)
+        assert len(rows) == count
+    assert "\\boxed{}" in rows[0]["prompt"][0]["content"]
+
+
+@pytest.mark.slow
+def test_rlx_eval_scores_a_model_folder_outside_a_run(tiny_model, tmp_path, capsys):
+    cfg, metrics = tiny_model
+    out = tmp_path / "samples.parquet"
+    test_set = cfg.synthetic_task.output_dir / "test.parquet"
+    args = ["eval", str(cfg.tiny_model.output_dir), "--data", str(test_set), "--max-tokens", "32", "--output", str(out)]
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 0
+    printed = capsys.readouterr().out
+    assert f"{metrics['held_out_accuracy']:.4f}" in printed  # greedy: the warm start's own figure
+    assert len(read_rows(out)) == 200
+    with pytest.raises(SystemExit):
+        main([*args[:-2], "--n", "4", "--temperature", "1.0", "--judger", "gsm8k"])
+    assert "pass@4" in capsys.readouterr().out
