@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from rlx import config  # noqa: E402
+from rlx.tasks import gsm8k, math500  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
@@ -46,3 +50,70 @@ def tiny_model(demo_data):
     from rlx.tiny_model import build
 
     return demo_data, build(demo_data)
+
+
+# ---- throwaway projects for pipeline tests -----------------------------------------------------
+
+SHORT_RUN = [
+    "rollout_steps=3",
+    "dataflow_config.global_batch_size=4",
+    "dataflow_config.prompt_repeat_k=4",
+    "evaluator_config.evaluate_step=2",
+    "evaluator_config.eval_sample_ratio=0.1",
+    "checkpoint_interval=2",
+    "checkpoint_maxkeep=1",
+    "hf_interval=2",
+]
+
+
+def make_project(base: Path, tiny_model) -> Path:
+    """A fresh project: the repo's pipeline and code, the session's demo data and model, committed to DVC."""
+    cfg, _ = tiny_model
+    project = base / "project"
+    project.mkdir()
+    for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
+        shutil.copy2(ROOT / name, project / name)
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(cfg.synthetic_task.output_dir, project / "data" / "arith")
+    shutil.copytree(cfg.tiny_model.output_dir, project / "data" / "tiny-qwen3")
+    shutil.copy2(cfg.tiny_model.metrics_path, project / "data" / "warm_start.json")
+    for public in ("gsm8k/train", "gsm8k/test", "math500/test"):
+        (project / "data" / public).parent.mkdir(exist_ok=True)
+        shutil.copy2(DATA / f"{public}.jsonl", project / "data" / f"{public}.jsonl")
+    gsm8k.convert(DATA / "gsm8k/train.jsonl", project / "data/gsm8k/train.parquet", "train")
+    gsm8k.convert(DATA / "gsm8k/test.jsonl", project / "data/gsm8k/test.parquet", "test")
+    math500.convert(DATA / "math500/test.jsonl", project / "data/math500/test.parquet")
+    run(["git", "init", "-q"], project)
+    run([sys.executable, "-m", "dvc", "init", "-q"], project)
+    run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], project)
+    # The data and model were made by the same code outside DVC: record them as its stages' outputs.
+    stages = ["init_data", "init_model", "convert_gsm8k@train", "convert_gsm8k@test", "convert_math500"]
+    run([sys.executable, "-m", "dvc", "commit", "-f", "-q", *stages], project)
+    from rlx.fit import edit_params
+
+    edit_params(project / "params.yaml", SHORT_RUN)
+    return project
+
+
+def child_env() -> dict:
+    """This process's environment for a child rlx, without the rendezvous of this process's DeepSpeed."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    }
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def run(command: list[str], cwd: Path) -> str:
+    done = subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True)
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def dvc_status(project: Path) -> dict:
+    from dvc.repo import Repo
+
+    with Repo(str(project)) as repo:
+        return repo.status()

@@ -182,5 +182,12 @@ def test_cli_version_and_help(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = capsys.readouterr().out
-    for command in ("init-data", "init-model", "convert-gsm8k", "config"):
+    for command in ("init-data", "init-model", "convert", "eval", "stage", "fit", "config"):
         assert command in help_text
+
+
+@pytest.mark.parametrize("preset", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_is_a_valid_config(preset):
+    from rlx.config import preset_overrides
+
+    assert config.load(PARAMS, preset_overrides(preset)) != config.load(PARAMS)

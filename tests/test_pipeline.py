@@ -3,8 +3,6 @@ and W&B (offline). Each test works in its own copy of the project (a git + DVC r
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,68 +13,13 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT
+from conftest import ROOT, SHORT_RUN, child_env, dvc_status, make_project, run
 from rlx.artifacts import read_json, read_rows
-from rlx.fit import edit_params, fit
+from rlx.fit import fit
 from rlx.layout import RunLayout
 from rlx.tracking import read_tracker
 
 pytestmark = pytest.mark.slow
-
-SHORT_RUN = [
-    "rollout_steps=3",
-    "dataflow_config.global_batch_size=4",
-    "dataflow_config.prompt_repeat_k=4",
-    "evaluator_config.evaluate_step=2",
-    "evaluator_config.eval_sample_ratio=0.1",
-    "checkpoint_interval=2",
-    "checkpoint_maxkeep=1",
-    "hf_interval=2",
-]
-
-
-def make_project(base: Path, tiny_model) -> Path:
-    """A fresh project: the repo's pipeline and code, the session's demo data and model, committed to DVC."""
-    cfg, _ = tiny_model
-    project = base / "project"
-    project.mkdir()
-    for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
-        shutil.copy2(ROOT / name, project / name)
-    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(cfg.synthetic_task.output_dir, project / "data" / "arith")
-    shutil.copytree(cfg.tiny_model.output_dir, project / "data" / "tiny-qwen3")
-    shutil.copy2(cfg.tiny_model.metrics_path, project / "data" / "warm_start.json")
-    run(["git", "init", "-q"], project)
-    run([sys.executable, "-m", "dvc", "init", "-q"], project)
-    run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], project)
-    # The demo data and model were built by the same code outside DVC: record them as its stages' outputs.
-    run([sys.executable, "-m", "dvc", "commit", "-f", "-q", "init_data", "init_model"], project)
-    edit_params(project / "params.yaml", SHORT_RUN)
-    return project
-
-
-def child_env() -> dict:
-    """This process's environment for a child rlx, without the rendezvous of this process's DeepSpeed."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-    }
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return env
-
-
-def run(command: list[str], cwd: Path) -> str:
-    done = subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True)
-    assert done.returncode == 0, f"{command} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-def dvc_status(project: Path) -> dict:
-    from dvc.repo import Repo
-
-    with Repo(str(project)) as repo:
-        return repo.status()
 
 
 @pytest.fixture(scope="module")

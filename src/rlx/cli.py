@@ -148,16 +148,104 @@ def fit(params: ParamsArg = Path("params.yaml"), presets: PresetsOpt = None, ove
     run_fit(params, all_overrides(presets, overrides), console=console)
 
 
-@app.command("convert-gsm8k")
-def convert_gsm8k(
-    source: Annotated[Path, typer.Argument(help="GSM8K jsonl (keys question, answer).")],
+@app.command("convert")
+def convert(
+    dataset: Annotated[str, typer.Argument(help="gsm8k or math500.")],
+    source: Annotated[Path, typer.Argument(help="The set's jsonl (e.g. data/gsm8k/test.jsonl).")],
     output: Annotated[Path, typer.Argument(help="Parquet file to write, in rlx's row shape.")],
     split: Annotated[str, typer.Option(help="Recorded in extra_info.split.")] = "test",
 ) -> None:
-    """Convert GSM8K's jsonl into rlx prompt rows, so a config can train or evaluate on it."""
-    from rlx.tasks.gsm8k import convert
+    """Convert a public set (GSM8K, MATH-500) into rlx prompt rows with the field's prompt template."""
+    from rlx.tasks import gsm8k, math500
 
-    console.print(f"written {convert(source, output, split)}")
+    converters = {"gsm8k": gsm8k.convert, "math500": math500.convert}
+    if dataset not in converters:
+        raise UserError(f"unknown dataset {dataset!r}; convertible: {', '.join(converters)}")
+    console.print(f"written {converters[dataset](source, output, split)}")
+
+
+@app.command("eval")
+def evaluate(
+    model_dir: Annotated[Path, typer.Argument(help="A HF model folder (e.g. runs/demo/hf/step-30).")],
+    data: Annotated[list[Path], typer.Option("--data", "-d", help="An rlx prompt dataset (repeatable).")],
+    judger: Annotated[str | None, typer.Option(help="Judger for every set; default: by data_source.")] = None,
+    n: Annotated[int, typer.Option(help="Samples per prompt (pass@k, maj@k).")] = 1,
+    temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
+    max_tokens: Annotated[int, typer.Option(help="New tokens per response.")] = 512,
+    output: Annotated[Path | None, typer.Option(help="Write the judged samples here (parquet).")] = None,
+    params: Annotated[Path | None, typer.Option(help="Take rollout and judger settings from a params.yaml.")] = None,
+    overrides: OverridesOpt = None,
+) -> None:
+    """Evaluate any HF model folder outside a run: accuracy, pass@k, maj@k per set."""
+    from rich.table import Table
+
+    from rlx.artifacts import write_rows
+    from rlx.config import load
+    from rlx.engines import Engines, load_policy
+    from rlx.stages.evaluate import SAMPLE_SCHEMA, evaluate_policy
+
+    sets = [{"name": path.stem, "anno_path": str(path), "judger_name": judger} for path in data]
+    sampling = {"n": n, "temperature": temperature, "do_sample": temperature > 0, "max_tokens": max_tokens}
+    config = load(
+        params,
+        [
+            f"load_from={model_dir}",
+            f"tokenizer_path={model_dir}",
+            f"evaluator_config.dataset_cfg={json.dumps(sets)}",
+            f"evaluator_config.sample_params={json.dumps(sampling)}",
+            *(overrides or []),
+        ],
+    )
+    samples, metrics = evaluate_policy(config, load_policy(model_dir), Engines(config).tokenizer, step=0)
+    table = Table("metric", "value")
+    for name, value in metrics.items():
+        table.add_row(name, f"{value:.4f}")
+    console.print(table)
+    if output:
+        write_rows(samples, output, schema=SAMPLE_SCHEMA)
+        console.print(f"samples written to {output}")
+
+
+@app.command("show")
+def show(
+    run: Annotated[Path, typer.Argument(help="A run's work_dir, e.g. runs/demo.")],
+    step: Annotated[int | None, typer.Option(help="The step; default: the last completed one.")] = None,
+    rows: Annotated[int, typer.Option(help="How many responses to list.")] = 24,
+) -> None:
+    """A step's responses in a table: question, answer, extracted answer, reward, advantage."""
+    from rich.table import Table
+
+    from rlx.explore import Run
+
+    explored = Run(run)
+    step = step or explored.steps()[-1]
+    samples = explored.samples(step)
+    table = Table("group", "sample", "question", "response", "extracted", "reward", "advantage", "finish",
+                  title=f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}")  # fmt: skip
+    for row in samples.head(rows).itertuples():
+        table.add_row(
+            str(row.group), str(row.sample), row.question[:60], row.response_text[:60], str(row.extracted),
+            f"{row.reward:.2f}", f"{row.advantage:+.2f}", row.finish_reason,
+        )  # fmt: skip
+    console.print(table)
+
+
+@app.command("compare")
+def compare_runs(
+    first: Annotated[Path, typer.Argument(help="A run's work_dir.")],
+    second: Annotated[Path, typer.Argument(help="Another run's work_dir.")],
+) -> None:
+    """Two runs side by side: the params that differ, then their last metrics."""
+    from rich.table import Table
+
+    from rlx.explore import Run, compare
+
+    params, last = compare(Run(first), Run(second))
+    for title, frame in (("params that differ", params), ("last step", last)):
+        table = Table("", *frame.columns, title=title)
+        for name, values in frame.iterrows():
+            table.add_row(str(name), *(str(v) if not isinstance(v, float) else f"{v:.4g}" for v in values))
+        console.print(table)
 
 
 def quiet_libraries() -> None:

@@ -25,11 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ruamel.yaml import YAML
 
 from rlx.artifacts import read_json, write_json
-from rlx.config import RLTrainerConfig, apply_override, load
+from rlx.config import RLTrainerConfig, RunPointer, apply_override, load, to_yaml
 from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.layout import RunLayout
-from rlx.stages import ITERATION, is_complete, refresh_curves, run_stage
+from rlx.stages import ITERATION, STAGES, is_complete, refresh_curves, run_stage
 from rlx.tracking import Tracker
 
 
@@ -52,11 +52,13 @@ def point_at_step(path: Path, step: int) -> None:
 
 
 def dvc_commit(root: Path) -> None:
-    """Record every stage's current deps, params and outs in dvc.lock (what `dvc commit -f` does)."""
+    """Record the iteration's stages (their deps, params and outs) in dvc.lock, as `dvc commit -f
+    base prepare ... export` would; other stages of dvc.yaml are left as they are."""
     from dvc.repo import Repo
 
     with Repo(str(root)) as repo:
-        repo.commit(None, force=True)
+        for name in STAGES:
+            repo.commit(name, force=True)
 
 
 def ensure_demo_assets(config: RLTrainerConfig, root: Path) -> None:
@@ -147,6 +149,8 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
     start = first_step_to_run(config, layout)
     if config.debug_rollout:
         return [debug_rollout(config, params, start, engines, console)]
+    layout.work_dir.mkdir(parents=True, exist_ok=True)
+    layout.config.write_text(to_yaml(config.model_copy(update={"run": RunPointer()})))
     tracker = Tracker(config, first_step=0 if start == 1 else start)
     history = []
     try:

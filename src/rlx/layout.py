@@ -18,6 +18,7 @@
   curves/train.csv, curves/eval.csv   one row per step, for `dvc plots show`
   hf/step-N/                      HF exports (hf_max_keep retention)
   tracker.jsonl                   one JSON object per step (exp_tracker: jsonl)
+  config.yaml                     the resolved configuration of the run
 ```
 """
 
@@ -65,6 +66,11 @@ class RunLayout:
     @property
     def curves(self) -> Path:
         return Path(self.work_dir) / "curves"
+
+    @property
+    def config(self) -> Path:
+        """The resolved configuration `rlx fit` ran with (written at each start)."""
+        return Path(self.work_dir) / "config.yaml"
 
     @property
     def tracker(self) -> Path:

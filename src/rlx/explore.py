@@ -1,0 +1,139 @@
+"""Loading runs for exploration: the library behind the notebooks, `rlx show` and `rlx compare`.
+
+Everything is read from the run's own artifacts (no W&B account needed) as pandas DataFrames:
+
+    run = Run("runs/demo")
+    run.history()              # one row per step: rewards, losses, eval accuracy, timings
+    run.samples(3)             # step 3's responses joined with their judgments and advantages
+    run.eval_samples(30)       # the held-out answers of an evaluated step
+    run.follow(prompt_index)   # one training prompt's responses at every step it was drawn
+    compare(Run("a"), Run("b"))  # the params that differ, and the final metrics side by side
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+from rlx.algo import advantages
+from rlx.artifacts import read_json
+from rlx.errors import UserError
+from rlx.layout import RunLayout
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay values)."""
+    flat = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+@dataclass(frozen=True)
+class Run:
+    work_dir: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "work_dir", Path(self.work_dir))
+        if not (self.work_dir / "step-0").is_dir():
+            raise UserError(f"{self.work_dir}: not an rlx run (no step-0 folder); pass the run's work_dir")
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.work_dir)
+
+    @property
+    def name(self) -> str:
+        return self.work_dir.name
+
+    def steps(self) -> list[int]:
+        """Completed steps, in order."""
+        return self.layout.completed_steps()
+
+    def config(self) -> dict:
+        """The resolved configuration the run was started with."""
+        if not self.layout.config.is_file():
+            raise UserError(f"{self.work_dir}: no config.yaml (written by `rlx fit`)")
+        return yaml.safe_load(self.layout.config.read_text())
+
+    def history(self) -> pd.DataFrame:
+        """One row per completed step (step 0: the base policy's evaluation), every logged metric a column."""
+        rows = [{"step": 0, **read_json(self.layout.step(0).metrics("base"))}]
+        rows += [{"step": step, **read_json(self.layout.step(step).done)} for step in self.steps()]
+        return pd.DataFrame(rows).set_index("step")
+
+    def _step_dir(self, step: int):
+        paths = self.layout.step(step)
+        if not paths.rollouts.is_file():
+            raise UserError(f"{self.work_dir}: step {step} has no rollouts (completed steps: {self.steps()})")
+        return paths
+
+    def samples(self, step: int) -> pd.DataFrame:
+        """A step's responses with their judgments and the advantages the trainer computed from them."""
+        paths = self._step_dir(step)
+        rollouts = pd.read_parquet(paths.rollouts)
+        judged = pd.read_parquet(paths.judged).drop(columns=["step", "group", "sample"])
+        prompts = pd.read_parquet(paths.prompts)[["group", "dataset", "index"]]
+        frame = pd.concat([rollouts.reset_index(drop=True), judged.reset_index(drop=True)], axis=1)
+        frame = frame.merge(prompts, on="group", how="left")
+        estimator = self.config()["advantage_estimator_config"]
+        group_size = self.config()["dataflow_config"]["prompt_repeat_k"]
+        lengths = torch.tensor(frame["response_len"].to_numpy())
+        mask = (torch.arange(int(lengths.max())) < lengths.unsqueeze(-1)).float()
+        frame["advantage"] = advantages.compute(
+            estimator["type"],
+            torch.tensor(frame["reward"].to_numpy(), dtype=torch.float32),
+            group_size,
+            mask=mask,
+            eps=estimator["eps"],
+            k=estimator["k"],
+        ).numpy()
+        frame["question"] = frame["prompt"].map(lambda p: json.loads(p)[-1]["content"])
+        group_rewards = frame.groupby("group")["reward"]
+        frame["zero_std_group"] = group_rewards.transform("std").fillna(0).eq(0)
+        return frame.drop(columns=["prompt_ids", "response_ids", "rollout_logprobs", "prompt"])
+
+    def eval_samples(self, step: int) -> pd.DataFrame:
+        path = self.layout.step(step).eval_samples
+        if not path.is_file():
+            raise UserError(f"{self.work_dir}: step {step} has no evaluation")
+        return pd.read_parquet(path)
+
+    def eval_steps(self) -> list[int]:
+        return [step for step in [0, *self.steps()] if len(self.eval_samples(step))]
+
+    def follow(self, index: int, dataset: str | None = None) -> pd.DataFrame:
+        """One training prompt (by its dataset index) at every step it was drawn: its answers change."""
+        frames = []
+        for step in self.steps():
+            frame = self.samples(step)
+            chosen = frame[(frame["index"] == index) & ((frame["dataset"] == dataset) if dataset else True)]
+            frames.append(chosen)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def eval_changes(self, before: int, after: int) -> pd.DataFrame:
+        """Held-out problems side by side at two evaluated steps: which improved, which regressed."""
+        first = self.eval_samples(before).groupby(["dataset", "index"])["correct"].mean()
+        second = self.eval_samples(after).groupby(["dataset", "index"])["correct"].mean()
+        table = pd.DataFrame({f"step {before}": first, f"step {after}": second})
+        table["change"] = table[f"step {after}"] - table[f"step {before}"]
+        return table.sort_values("change")
+
+
+def compare(first: Run, second: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(params that differ, last metrics side by side) of two runs."""
+    a, b = flatten(first.config()), flatten(second.config())
+    differing = {key: (a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)}
+    params = pd.DataFrame(differing, index=[first.name, second.name]).T
+    last = pd.DataFrame({first.name: first.history().iloc[-1], second.name: second.history().iloc[-1]})
+    keep = [name for name in last.index if not name.startswith("time/")]
+    return params, last.loc[keep]

@@ -1,0 +1,63 @@
+"""The notebooks, executed top to bottom against a real short run (and a second one to compare),
+and the terminal views built on the same loaders."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import ROOT, make_project
+from rlx.cli import main
+from rlx.explore import Run, compare
+from rlx.fit import fit
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model):
+    project = make_project(tmp_path_factory.mktemp("notebooks"), tiny_model)
+    fit(project / "params.yaml", [])
+    fit(project / "params.yaml", ["work_dir=runs/other", "train_worker_cfg.optim_cfg.lr=5e-5"])
+    return project / "runs" / "demo", project / "runs" / "other"
+
+
+@pytest.mark.parametrize("name", ["explore_rollouts", "rewards", "training_curves"])
+def test_notebook_runs_top_to_bottom_and_draws(name, runs, tmp_path):
+    book = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), "stored with outputs"
+    parameters = next(cell for cell in book.cells if "parameters" in cell.metadata.get("tags", []))
+    parameters.source = f"RUN = {str(runs[0])!r}\nRUN_B = {str(runs[1])!r}\nSTEP = None"
+    NotebookClient(book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [output for cell in book.cells if cell.cell_type == "code" for output in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
+
+
+def test_loaders_join_rollouts_judgments_and_advantages(runs):
+    run = Run(runs[0])
+    samples = run.samples(3)
+    assert len(samples) == 16 and {"question", "reward", "advantage", "correct", "extracted"} <= set(samples)
+    group_sums = samples.groupby("group")["advantage"].sum()
+    assert (group_sums.abs() < 1e-4).all()  # GRPO advantages are centred in every group
+    history = run.history()
+    assert list(history.index) == [0, 1, 2, 3] and history.loc[3, "eval/accuracy"] >= 0
+    params, last = compare(run, Run(runs[1]))
+    assert params.loc["train_worker_cfg.optim_cfg.lr"].tolist() == [1e-4, 5e-5]
+    assert "work_dir" in params.index and "response/rewards/mean" in last.index
+
+
+def test_show_and_compare_in_the_terminal(runs, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["show", str(runs[0]), "--step", "2"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    assert "step 2" in shown and "reward" in shown
+    with pytest.raises(SystemExit):
+        main(["compare", str(runs[0]), str(runs[1])])
+    compared = capsys.readouterr().out
+    assert "train_worker_cfg.optim_cfg.lr" in compared
+    with pytest.raises(SystemExit) as exited:
+        main(["show", str(runs[0].parent)])
+    assert exited.value.code == 2 and "not an rlx run" in capsys.readouterr().err
