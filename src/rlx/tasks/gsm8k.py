@@ -4,12 +4,9 @@ thousands commas removed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from rlx.artifacts import write_rows
-from rlx.errors import UserError
-from rlx.tasks.rows import INSTRUCTION, make_row
+from rlx.tasks.rows import INSTRUCTION, convert_jsonl, make_row
 
 DATA_SOURCE = "openai/gsm8k"
 
@@ -23,21 +20,15 @@ def gold_answer(solution: str) -> str:
 
 def convert(source: Path, output: Path, split: str) -> Path:
     """Read GSM8K's jsonl (keys ``question``, ``answer``) and write rlx rows as parquet."""
-    rows = []
-    with open(source, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            try:
-                record = json.loads(line)
-                rows.append(
-                    make_row(
-                        data_source=DATA_SOURCE,
-                        question=f"{record['question']} {INSTRUCTION}",
-                        ground_truth=gold_answer(record["answer"]),
-                        solution=record["answer"],
-                        split=split,
-                        index=len(rows),
-                    )
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise UserError(f"{source}:{number}: not a GSM8K row ({exc})") from None
-    return write_rows(rows, output)
+
+    def to_row(record: dict, index: int) -> dict:
+        return make_row(
+            data_source=DATA_SOURCE,
+            question=f"{record['question']} {INSTRUCTION}",
+            ground_truth=gold_answer(record["answer"]),
+            solution=record["answer"],
+            split=split,
+            index=index,
+        )
+
+    return convert_jsonl(source, output, "GSM8K", to_row)

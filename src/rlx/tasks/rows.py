@@ -7,6 +7,13 @@ A row is ``{"data_source", "prompt": [chat messages], "ability", "reward_model":
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from rlx.artifacts import write_rows
+from rlx.errors import UserError
+
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -18,3 +25,16 @@ def make_row(*, data_source: str, question: str, ground_truth: str, solution: st
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": {"split": split, "index": index, "solution": solution},
     }
+
+
+def convert_jsonl(source: Path, output: Path, name: str, to_row: Callable[[dict, int], dict]) -> Path:
+    """Read a public set's jsonl, turn each record into a row with ``to_row(record, index)``, and
+    write them as parquet; a broken line is reported by number."""
+    rows = []
+    with open(source, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                rows.append(to_row(json.loads(line), len(rows)))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise UserError(f"{source}:{number}: not a {name} row ({exc})") from None
+    return write_rows(rows, output)
