@@ -53,27 +53,34 @@ def point_at_step(path: Path, step: int) -> None:
 
 def dvc_commit(root: Path) -> None:
     """Record the iteration's stages (their deps, params and outs) in dvc.lock, as `dvc commit -f
-    base prepare ... export` would; other stages of dvc.yaml are left as they are."""
+    base prepare ... export` would, with one write of the lock; other stages are left as they are."""
     from dvc.repo import Repo
 
-    with Repo(str(root)) as repo:
-        for name in STAGES:
-            repo.commit(name, force=True)
+    with Repo(str(root)) as repo, repo.lock:
+        infos = [info for name in STAGES for info in repo.stage.collect_granular(name)]
+        for info in infos:
+            info.stage.save()
+            info.stage.commit(filter_info=info.filter_info)
+        infos[0].stage.dvcfile.dump_stages([info.stage for info in infos], update_pipeline=False)
 
 
-def ensure_demo_assets(config: RLTrainerConfig, root: Path) -> None:
-    """Build the demo's data and base model through DVC when this run uses them."""
+INPUT_STAGES = ["convert_gsm8k", "convert_math500"]  # cheap: the public sets in rlx's row shape
+
+
+def ensure_inputs(config: RLTrainerConfig) -> None:
+    """Bring the stages upstream of the iteration up to date through DVC, so a run leaves the whole
+    pipeline clean: the public sets always, the demo's data and base model when this run uses them."""
     generated = [config.synthetic_task.output_dir, config.tiny_model.output_dir]
     used = [config.load_from, *(d.anno_path for d in config.replay_buffer_config.dataset_cfg)]
-    if not any(Path(p).resolve().is_relative_to(Path(g).resolve()) for p in used for g in generated):
-        return
+    uses_demo = any(Path(p).resolve().is_relative_to(Path(g).resolve()) for p in used for g in generated)
+    targets = [*INPUT_STAGES, *(["init_model"] if uses_demo else [])]
     from dvc.cli import main as dvc_main
 
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    status = dvc_main(["repro", "--quiet", "init_model"])
+    status = dvc_main(["repro", "--quiet", *targets])
     logging.getLogger("dvc").setLevel(logging.WARNING)  # DVC's CLI set its logger up for itself
     if status != 0:
-        raise UserError("building the demo's data and base model failed (`dvc repro init_model`)")
+        raise UserError(f"bringing the run's inputs up to date failed (`dvc repro {' '.join(targets)}`)")
 
 
 def first_step_to_run(config: RLTrainerConfig, layout: RunLayout) -> int:
@@ -142,7 +149,7 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
         edit_params(params, overrides)
     root = params.parent
     config = load(params)
-    ensure_demo_assets(config, root)
+    ensure_inputs(config)
     engines = Engines(config)
     layout = engines.layout
     total = engines.total_steps
