@@ -16,11 +16,10 @@ from pathlib import Path
 import jinja2
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from rlx.config import RLTrainerConfig, SampleParams, TinyModelConfig
 from rlx.data import load_rows, prompt_ids
-from rlx.errors import UserError
 from rlx.judgers import get as get_judger
 from rlx.rollout.transformers_backend import generate
 
@@ -185,13 +184,3 @@ def save(model, tokenizer, output_dir: Path) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
-
-
-def load(path: Path):
-    """Load a HF model folder and its tokenizer for CPU use, with a clear error if it is not one."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path}: not a model folder (no config.json); build the demo model with `rlx init-model`")
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model, tokenizer

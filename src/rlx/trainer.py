@@ -120,7 +120,6 @@ class PolicyTrainer:
         self.state = (
             read_json(state_dir / "state.json").get("extra", {}) if (state_dir / "state.json").is_file() else {}
         )
-        self.cfg = cfg
 
     @property
     def module(self):

@@ -8,14 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoTokenizer
 
 from conftest import DATA
 from rlx.config import JudgerConfig, SampleParams
 from rlx.data import load_rows, prompt_ids
+from rlx.engines import load_policy
 from rlx.judgers import Panel
 from rlx.rollout.transformers_backend import generate
 from rlx.stages.judge import judge_rows
-from rlx.tiny_model import load
 
 RESPONSES = 1024
 
@@ -23,7 +24,8 @@ RESPONSES = 1024
 @pytest.fixture(scope="module")
 def demo(tiny_model):
     cfg, _ = tiny_model
-    model, tokenizer = load(cfg.tiny_model.output_dir)
+    model = load_policy(cfg.tiny_model.output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tiny_model.output_dir)
     rows = load_rows(cfg.synthetic_task.output_dir / "test.parquet")[: RESPONSES // 8]
     prompts = [prompt_ids(tokenizer, row["prompt"]) for row in rows for _ in range(8)]
     return model, tokenizer, rows, prompts
