@@ -85,8 +85,9 @@ class Run:
         prompts = pd.read_parquet(paths.prompts)[["group", "dataset", "index"]]
         frame = pd.concat([rollouts.reset_index(drop=True), judged.reset_index(drop=True)], axis=1)
         frame = frame.merge(prompts, on="group", how="left")
-        estimator = self.config()["advantage_estimator_config"]
-        group_size = self.config()["dataflow_config"]["prompt_repeat_k"]
+        config = self.config()
+        estimator = config["advantage_estimator_config"]
+        group_size = config["dataflow_config"]["prompt_repeat_k"]
         lengths = torch.tensor(frame["response_len"].to_numpy())
         mask = (torch.arange(int(lengths.max())) < lengths.unsqueeze(-1)).float()
         frame["advantage"] = advantages.compute(
