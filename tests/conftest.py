@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -44,12 +46,46 @@ def demo_data(tmp_path_factory):
     return cfg
 
 
+BUILD_INPUTS = [
+    "src/rlx/tiny_model.py",
+    "src/rlx/tasks/arith.py",
+    "src/rlx/tasks/rows.py",
+    "src/rlx/data.py",
+    "params.yaml",
+]
+
+
+def build_key() -> str:
+    """What the tiny model's build depends on: its code, the demo params and the library versions."""
+    import tokenizers
+    import torch
+    import transformers
+
+    digest = hashlib.sha256(f"{torch.__version__} {transformers.__version__} {tokenizers.__version__}".encode())
+    for name in BUILD_INPUTS:
+        digest.update((ROOT / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @pytest.fixture(scope="session")
-def tiny_model(demo_data):
-    """The demo's base model, built exactly as `rlx init-model params.yaml` builds it."""
+def tiny_model(demo_data, request):
+    """The demo's base model, built exactly as `rlx init-model params.yaml` builds it. The build is
+    deterministic, so a local rerun reuses the last one from pytest's cache while its inputs are
+    unchanged (a clean checkout, as in CI, always builds)."""
     from rlx.tiny_model import build
 
-    return demo_data, build(demo_data)
+    cache = getattr(request.config, "cache", None)
+    stored = cache.mkdir(f"tiny-model-{build_key()}") if cache else None
+    model, metrics = demo_data.tiny_model.output_dir, demo_data.tiny_model.metrics_path
+    if stored and (stored / "metrics.json").is_file():
+        shutil.copytree(stored / "model", model)
+        shutil.copy2(stored / "metrics.json", metrics)
+        return demo_data, json.loads(metrics.read_text())
+    built = build(demo_data)
+    if stored:
+        shutil.copytree(model, stored / "model", dirs_exist_ok=True)
+        shutil.copy2(metrics, stored / "metrics.json")  # last: marks the copy complete
+    return demo_data, built
 
 
 # ---- throwaway projects for pipeline tests -----------------------------------------------------

@@ -181,7 +181,7 @@ def evaluate(
 
     from rlx.artifacts import write_rows
     from rlx.config import load
-    from rlx.engines import Engines, load_policy
+    from rlx.engines import Engines
     from rlx.stages.evaluate import SAMPLE_SCHEMA, evaluate_policy
 
     sets = [{"name": path.stem, "anno_path": str(path), "judger_name": judger} for path in data]
@@ -196,7 +196,8 @@ def evaluate(
             *(overrides or []),
         ],
     )
-    samples, metrics = evaluate_policy(config, load_policy(model_dir), Engines(config).tokenizer, step=0)
+    engines = Engines(config)
+    samples, metrics = evaluate_policy(config, engines.sampler_at(model_dir), engines.tokenizer, step=0)
     table = Table("metric", "value")
     for name, value in metrics.items():
         table.add_row(name, f"{value:.4f}")

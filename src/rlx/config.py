@@ -102,6 +102,11 @@ class AcceleratorResourcesConfig(Section):
 
     accelerator: Literal["CPU", "GPU"] = Field("CPU", description="rlx default CPU (XTuner: GPU).")
     num_workers: int = Field(1, gt=0, description="Training processes; >1 launches through DeepSpeed's launcher.")
+    hostfile: Path | None = Field(
+        None,
+        description="rlx addition: a DeepSpeed hostfile (`HOST slots=N` per line) for multi-node training; "
+        "its slots must add up to num_workers. Without it, num_workers processes run on this host.",
+    )
     num_cpus_per_worker: int = Field(2, gt=0)
     cpu_memory_per_worker: int = Field(8 * 1024**3, gt=0, description="Bytes of host memory per worker.")
 
@@ -401,11 +406,6 @@ class RLTrainerConfig(Section):
             raise ValueError(
                 "rollout_config.backend 'lmdeploy' needs LMDeploy and a GPU: pip install 'rlx[gpu]' "
                 "(or use backend 'transformers')"
-            )
-        if self.resources.num_workers > 1:
-            raise ValueError(
-                f"resources.num_workers is {self.resources.num_workers}, but this version of rlx trains in one "
-                "process; set it to 1"
             )
         estimator, group_size = self.advantage_estimator_config.type, self.dataflow_config.prompt_repeat_k
         if estimator in GROUP_ESTIMATORS and group_size < 2:

@@ -8,6 +8,7 @@ is the very module step N+1 samples from, with no reload. Both paths run the sam
 from __future__ import annotations
 
 from functools import cached_property
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -15,15 +16,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
 from rlx.layout import RunLayout
+from rlx.rollout import Sampler, TransformersSampler
 from rlx.trainer import PolicyTrainer
 
 
 def load_policy(path):
-    """A HF model folder for inference on CPU, with a clear error when it is missing."""
+    """A HF model folder for inference (on the GPU when there is one), with a clear error when it is missing."""
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: not a model folder (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model.eval()
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
 class Engines:
@@ -34,6 +36,8 @@ class Engines:
         self._trainer_step: int | None = None
         self._policy = None
         self._policy_step: int | None = None
+        self._lmdeploy = None  # the run's LMDeploy engine, once started
+        self._lmdeploy_step: int | None = None
 
     @cached_property
     def tokenizer(self):
@@ -76,8 +80,38 @@ class Engines:
             self._policy, self._policy_step = load_policy(self.layout.step(step).policy), step
         return self._policy
 
+    def sampler(self, step: int) -> Sampler:
+        """The rollout engine, holding the policy after ``step`` steps. LMDeploy's engine is started
+        once and then given each new policy: from the trainer's memory when it holds that step
+        (warm `rlx fit`), else from the step's folder."""
+        config = self.config.rollout_config
+        if config.backend == "transformers":
+            return TransformersSampler(self.policy(step), self.tokenizer, config)
+        from rlx.rollout.lmdeploy_backend import read_weights
+
+        if self._lmdeploy is None:
+            self._lmdeploy = self.sampler_at(self.layout.step(step).policy)
+        elif self._lmdeploy_step != step:
+            in_memory = self._trainer_step == step
+            weights = self._trainer.module.state_dict() if in_memory else read_weights(self.layout.step(step).policy)
+            self._lmdeploy.load_weights(weights)
+        self._lmdeploy_step = step
+        return self._lmdeploy
+
+    def sampler_at(self, folder: Path) -> Sampler:
+        """A new rollout engine for the model in ``folder`` (e.g. the model `rlx eval` scores)."""
+        config = self.config.rollout_config
+        if config.backend == "transformers":
+            return TransformersSampler(load_policy(folder), self.tokenizer, config)
+        from rlx.rollout.lmdeploy_backend import LMDeploySampler
+
+        return LMDeploySampler(folder, self.tokenizer, config)
+
     def trainer(self, step: int) -> PolicyTrainer:
-        """A trainer holding the policy after ``step`` steps, with its optimizer state."""
+        """A trainer holding the policy after ``step`` steps, with its optimizer state (an LMDeploy
+        engine sleeps meanwhile, so the two do not compete for GPU memory)."""
+        if self._lmdeploy is not None:
+            self._lmdeploy.sleep()
         if self._trainer_step != step:
             paths = self.layout.step(step)
             worker = self.config.train_worker_cfg

@@ -7,6 +7,7 @@ many token-bounded micro-batches its mini-batch needed, and the loss scaling is 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -16,7 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlx.artifacts import atomic_dir, read_json, write_json
+from rlx import distributed
+from rlx.artifacts import read_json, write_json
 from rlx.config import LRConfig, WorkerConfig
 
 DEEPSPEED_TAG = "state"
@@ -47,12 +49,17 @@ class TokenBatch:
 
 
 def token_logprobs(model, batch: TokenBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of each next token and the entropy of each next-token distribution: ``[B, T - 1]`` each."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    """Log-prob of each next token and the entropy of each next-token distribution: ``[B, T - 1]`` each.
+
+    The vocabulary-wide work runs where the model is; the two results come back to the CPU, where
+    the loss is assembled with the batch's other tensors (the copy is part of the autograd graph)."""
+    device = model.device
+    input_ids = batch.input_ids.to(device)
+    logits = model(input_ids=input_ids, attention_mask=batch.attention_mask.to(device)).logits[:, :-1].float()
     logp_all = torch.log_softmax(logits / temperature, dim=-1)
-    logp = logp_all.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
-    return logp, entropy
+    return logp.cpu(), entropy.cpu()
 
 
 def lr_factor(cfg: LRConfig, step: int, total_steps: int, base_lr: float) -> float:
@@ -141,13 +148,36 @@ class PolicyTrainer:
         norm = self.engine.get_global_grad_norm()
         return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
 
+    def full_parameters(self):
+        """A context in which every rank holds the whole policy (ZeRO-3 gathers its partitions)."""
+        if self.engine.zero_optimization_stage() < 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()))
+
+    def rank_weight_spread(self) -> float:
+        """The largest difference between ranks of a fingerprint of the weights (sum and sum of
+        squares); data-parallel ranks must end every update identical, so anything but 0 is a bug."""
+        with self.full_parameters(), torch.no_grad():
+            values = torch.cat([p.detach().double().flatten() for p in self.engine.module.parameters()])
+            fingerprint = torch.stack([values.sum(), values.square().sum()])
+        every = distributed.cat_across(fingerprint).view(-1, 2)
+        spread = float((every.max(dim=0).values - every.min(dim=0).values).max())
+        if spread:
+            raise RuntimeError(f"the training ranks' weights diverged (fingerprint spread {spread})")
+        return spread
+
     def save(self, policy_dir: Path, state_dir: Path, tokenizer, extra: dict) -> None:
-        """Write the policy as a HF folder and the optimizer/scheduler state beside it, each atomically.
-        ``extra`` holds what else the next step needs (e.g. an adaptive KL coefficient)."""
-        with atomic_dir(policy_dir) as tmp:
-            self.engine.module.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-        with atomic_dir(state_dir) as tmp:
+        """Write the policy as a HF folder (rank 0) and the optimizer/scheduler state beside it (every
+        rank its shard), each atomically. ``extra`` holds what else the next step needs (e.g. an
+        adaptive KL coefficient)."""
+        with self.full_parameters(), distributed.atomic_dir_on_all_ranks(policy_dir) as tmp:
+            if distributed.is_main():
+                self.engine.module.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+        with distributed.atomic_dir_on_all_ranks(state_dir) as tmp:
             self.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
-            write_json({"global_steps": self.engine.global_steps, "extra": extra}, tmp / "state.json")
+            if distributed.is_main():
+                write_json({"global_steps": self.engine.global_steps, "extra": extra}, tmp / "state.json")
         self.state = extra

@@ -1,27 +1,32 @@
-"""Rollout engines behind one call. ``transformers`` runs anywhere; ``lmdeploy`` needs the ``gpu`` extra.
+"""Rollout engines behind one interface. ``transformers`` runs anywhere; ``lmdeploy`` needs the ``gpu`` extra.
 
-Every backend returns :class:`rlx.rollout.types.Generation` objects: token ids in, token ids,
-text, per-token log-probs and a finish reason out.
+A sampler turns prompt token ids into :class:`rlx.rollout.types.Generation` objects (token ids,
+text, per-token log-probs, finish reason); the rollout and evaluate stages only ever call
+``sampler.generate``. ``rlx.engines.Engines.sampler(step)`` hands out the one for a step's policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from rlx.config import RolloutConfig, SampleParams
-from rlx.errors import UserError
 from rlx.rollout.types import Generation
 
 
-def generate(
-    config: RolloutConfig, model, tokenizer, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int
-) -> list[Generation]:
-    if config.backend != "transformers":
-        raise UserError(
-            f"rollout_config.backend {config.backend!r} is not available in this build of rlx; use 'transformers'"
-        )
-    from rlx.rollout.transformers_backend import generate as generate_with_transformers
+class Sampler(Protocol):
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list[Generation]:
+        """One response per prompt (repeat a prompt to sample a group), reproducible from ``seed``."""
 
-    return generate_with_transformers(
-        model, tokenizer, prompt_ids, params, seed=seed, batch_size=config.rollout_max_batch_size
-    )
+
+class TransformersSampler:
+    """Samples with a HF model in this process: the CPU backend, and the warm one (the trainer's
+    own module, so a new policy needs no copy)."""
+
+    def __init__(self, model, tokenizer, config: RolloutConfig):
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, config.rollout_max_batch_size
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list[Generation]:
+        from rlx.rollout.transformers_backend import generate
+
+        return generate(self.model, self.tokenizer, prompt_ids, params, seed=seed, batch_size=self.batch_size)

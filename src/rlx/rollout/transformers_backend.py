@@ -74,9 +74,9 @@ def _generate_batch(model, tokenizer, chunk, kwargs, temperature, params) -> lis
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in chunk])
     attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
-    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-    new_tokens = out.sequences[:, width:]
-    logits = torch.stack(out.logits, dim=1).float() / temperature
+    out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device), **kwargs)
+    new_tokens = out.sequences[:, width:].cpu()
+    logits = torch.stack(out.logits, dim=1).float().cpu() / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
     stops = set(kwargs["eos_token_id"])
     generations = []

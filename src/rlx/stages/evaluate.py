@@ -19,7 +19,7 @@ from rlx.artifacts import write_rows
 from rlx.config import JudgerItemConfig, RLTrainerConfig
 from rlx.data import load_rows, prompt_ids
 from rlx.judgers import Panel
-from rlx.rollout import generate
+from rlx.rollout import Sampler
 from rlx.stages.curves import write_curve
 from rlx.stages.judge import judge_rows
 
@@ -98,8 +98,8 @@ def dataset_panel(config: RLTrainerConfig, dataset, rows: list[dict]) -> Panel:
     return Panel(config.judger_config.model_copy(update={"reward_judger_configs": [own]}))
 
 
-def evaluate_policy(config: RLTrainerConfig, model, tokenizer, step: int) -> tuple[list[dict], dict]:
-    """Generate on every eval set with ``model`` and judge the answers; returns samples and metrics."""
+def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: int) -> tuple[list[dict], dict]:
+    """Generate on every eval set with ``sampler`` and judge the answers; returns samples and metrics."""
     evaluator = config.evaluator_config
     samples, metrics = [], {}
     for dataset in evaluator.dataset_cfg:
@@ -107,10 +107,7 @@ def evaluate_policy(config: RLTrainerConfig, model, tokenizer, step: int) -> tup
         count = max(1, round(len(rows) * evaluator.eval_sample_ratio))
         indices = sorted(random.Random(config.seed).sample(range(len(rows)), count))
         params = dataset.sample_params or evaluator.sample_params
-        outputs = generate(
-            config.rollout_config,
-            model,
-            tokenizer,
+        outputs = sampler.generate(
             [prompt_ids(tokenizer, rows[i]["prompt"]) for i in indices for _ in range(params.n)],
             params,
             seed=config.seed,
@@ -146,7 +143,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     samples, metrics = [], {"eval/evaluated": 0}
     if is_due(config, step, engines.total_steps):
-        samples, metrics = evaluate_policy(config, engines.policy(step), engines.tokenizer, step)
+        samples, metrics = evaluate_policy(config, engines.sampler(step), engines.tokenizer, step)
         metrics["eval/evaluated"] = 1
     write_rows(samples, paths.eval_samples, schema=SAMPLE_SCHEMA)
     return metrics

@@ -15,7 +15,6 @@ import time
 from rlx.artifacts import read_rows, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
-from rlx.rollout import generate
 from rlx.stages.judge import judge_rows
 
 
@@ -28,13 +27,8 @@ def sampling_seed(config: RLTrainerConfig, step: int) -> int:
 def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict], seed: int) -> list[dict]:
     """``prompt_repeat_k`` responses for each group, as rollout rows in group order."""
     k = config.dataflow_config.prompt_repeat_k
-    generations = generate(
-        config.rollout_config,
-        engines.policy(step - 1),
-        engines.tokenizer,
-        [group["prompt_ids"] for group in groups for _ in range(k)],
-        config.dataflow_config.sample_params,
-        seed=seed,
+    generations = engines.sampler(step - 1).generate(
+        [group["prompt_ids"] for group in groups for _ in range(k)], config.dataflow_config.sample_params, seed=seed
     )
     rows = []
     for position, out in enumerate(generations):

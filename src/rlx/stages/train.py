@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlx import distributed
 from rlx.algo import advantages as adv
 from rlx.algo import kl as kl_estimators
 from rlx.algo.correction import importance_weights, mismatch_metrics
@@ -50,16 +51,19 @@ class Micro:
     rollout_logp: torch.Tensor
     ref_logp: torch.Tensor | None
     share: float  # its samples / its mini-batch's samples
+    mini_tokens: int  # loss tokens of its whole mini-batch, all ranks together
+    weight: float  # 1, or 0 for a repeat that only keeps the ranks in step
     advantages: torch.Tensor | None = None
     token_weights: torch.Tensor | None = None
 
 
-def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, options: dict):
-    """The micro-batch's share of its mini-batch loss, and its metrics (scalars)."""
+def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, norm_length: int):
+    """The micro-batch's share of its mini-batch loss, and its metrics (scalars, zero for a repeat)."""
     logp, entropy = token_logprobs(trainer.module, micro.batch, temperature)
     mask = micro.batch.mask
+    options = {"global_tokens": micro.mini_tokens, "norm_length": norm_length}
     # token-mean divides by the mini-batch's token count itself; the per-sequence modes need weighting.
-    scale = 1.0 if loss_cfg.loss_agg_mode == "token-mean" else micro.share
+    scale = micro.weight * (1.0 if loss_cfg.loss_agg_mode == "token-mean" else micro.share)
     clip = loss_cfg.policy_loss_cfg
     pg_loss, metrics = policy_loss(
         logp,
@@ -83,7 +87,8 @@ def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, 
         loss = loss + scale * loss_cfg.kl_loss_coef * kl
         values["kl"] = scale * kl.item()
     values["loss"] = loss.item()
-    values.update({name: value.item() * micro.batch.num_tokens for name, value in metrics.items()})
+    tokens = micro.weight * micro.batch.num_tokens
+    values.update({name: value.item() * tokens for name, value in metrics.items()})
     return loss, values
 
 
@@ -97,17 +102,27 @@ def rollout_logprobs(rollouts: list[dict], indices: list[int], like: torch.Tenso
     return out
 
 
+def trained_tokens(row: dict, loss_cfg: LossConfig) -> int:
+    """Response tokens of a rollout that enter the loss (none for a truncated one under ``mask_truncated``)."""
+    return 0 if loss_cfg.mask_truncated and row["finish_reason"] == "length" else row["response_len"]
+
+
 def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer, engines) -> list[list[Micro]]:
-    """Mini-batches of micro-batches, with the old (and reference) log-probs computed before any update."""
+    """This rank's micro-batches of each mini-batch, with the old (and reference) log-probs computed
+    before any update, and each mini-batch's token count over all ranks (for token-mean)."""
     worker, loss_cfg = config.train_worker_cfg, config.train_worker_cfg.loss_cfg
     temperature = config.dataflow_config.sample_params.temperature or 1.0
     needs_reference = loss_cfg.use_kl_loss or config.advantage_estimator_config.use_kl_in_reward
     lengths = [row["prompt_len"] + row["response_len"] for row in rollouts]
+    ranks, me = distributed.world_size(), distributed.rank()
     minis = []
     for mini in torch.arange(len(rollouts)).chunk(worker.optimizer_steps):
         mini = mini.tolist()
+        everyone = micro_batches(mini, lengths, worker.pack_max_length)
+        mine = distributed.deal(everyone, ranks, me)
+        tokens = max(1, sum(trained_tokens(rollouts[i], loss_cfg) for i in mini))
         micros = []
-        for indices in micro_batches(mini, lengths, worker.pack_max_length):
+        for position, indices in enumerate(mine):
             batch = TokenBatch.from_ids(
                 [rollouts[i]["prompt_ids"] for i in indices],
                 [rollouts[i]["response_ids"] for i in indices],
@@ -122,7 +137,10 @@ def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer
                 with torch.no_grad():
                     ref = token_logprobs(engines.reference, batch, temperature)[0]
             rollout = rollout_logprobs(rollouts, indices, old)
-            micros.append(Micro(indices, batch, old, rollout, ref, len(indices) / len(mini)))
+            padding = position * ranks + me >= len(everyone)  # a repeat that only keeps the ranks in step
+            micros.append(
+                Micro(indices, batch, old, rollout, ref, len(indices) / len(mini), tokens, 0.0 if padding else 1.0)
+            )
         minis.append(micros)
     return minis
 
@@ -131,10 +149,15 @@ def kl_in_reward(config: RLTrainerConfig, minis: list[list[Micro]], count: int) 
     """Each response's summed KL to the reference (``kl_penalty`` estimator), in rollout order."""
     kind = config.advantage_estimator_config.kl_penalty
     kl = torch.zeros(count)
-    for micro in (m for micros in minis for m in micros):
+    for micro in (m for micros in minis for m in micros if m.weight):
         per_token = kl_estimators.estimate(micro.old_logp, micro.ref_logp, kind) * micro.batch.mask
         kl[micro.indices] = per_token.sum(dim=-1)
-    return kl
+    return distributed.sum_across(kl)
+
+
+def all_ranks(tensors) -> torch.Tensor:
+    """These tensors of every rank, flattened into one."""
+    return distributed.cat_across(torch.cat([tensor.flatten() for tensor in tensors]))
 
 
 def response_mask(rollouts: list[dict]) -> torch.Tensor:
@@ -143,6 +166,8 @@ def response_mask(rollouts: list[dict]) -> torch.Tensor:
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
+    if config.resources.num_workers > 1 and not distributed.launched():
+        return distributed.launch_stage("train", config, step, engines.layout.step(step).folder)
     loss_cfg, estimator = config.train_worker_cfg.loss_cfg, config.advantage_estimator_config
     paths = engines.layout.step(step)
     rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
@@ -172,7 +197,8 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         k=estimator.k,
     )
     correction = loss_cfg.rollout_correction
-    for micro in (m for micros in minis for m in micros):
+    every = [m for micros in minis for m in micros]
+    for micro in every:
         micro.advantages = advantages[micro.indices]
         if correction.enabled:
             micro.token_weights = importance_weights(
@@ -185,38 +211,40 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
                 threshold_low=correction.threshold_low,
             )
 
-    totals = defaultdict(float)
-    all_tokens = max(1, sum(micro.batch.num_tokens for micros in minis for micro in micros))
+    totals, updates = defaultdict(float), defaultdict(float)
+    norm_length = config.dataflow_config.sample_params.max_tokens
     for micros in minis:
-        options = {
-            "global_tokens": max(1, sum(micro.batch.num_tokens for micro in micros)),
-            "norm_length": config.dataflow_config.sample_params.max_tokens,
-        }
         started = time.perf_counter()
         for micro in micros:
-            loss, values = micro_loss(trainer, micro, loss_cfg, temperature, options)
-            trainer.backward(loss)
+            loss, values = micro_loss(trainer, micro, loss_cfg, temperature, norm_length)
+            trainer.backward(loss * distributed.world_size())  # DeepSpeed averages gradients over ranks
             for name, value in values.items():
                 totals[name] += value
         timings["time/train/forward_backward"] += time.perf_counter() - started
         started = time.perf_counter()
         for name, value in trainer.optimizer_step().items():
-            totals[name] += value
+            updates[name] += value
         timings["time/train/optimizer"] += time.perf_counter() - started
+    summed = distributed.sum_across(torch.tensor(list(totals.values()), dtype=torch.float64))
+    totals = dict(zip(totals, summed.tolist(), strict=True))
+    extra["train/world_size"] = distributed.world_size()
+    extra["train/rank_weight_spread"] = trainer.rank_weight_spread()
 
     started = time.perf_counter()
     trainer.save(paths.policy, paths.trainer_state, engines.tokenizer, {"kl_coef": kl_coef})
     engines.trainer_advanced_to(step)
-    timings["time/train/save"] = time.perf_counter() - started
-    per_update = {"loss", "pg_loss", "entropy", "kl", "grad_norm", "lr"}
+    timings["time/checkpoint"] = time.perf_counter() - started
+    all_tokens = sum(micros[0].mini_tokens for micros in minis)
+    per_update = {"loss", "pg_loss", "entropy", "kl"}
     metrics = {
         f"train/{name}": value / (len(minis) if name in per_update else all_tokens) for name, value in totals.items()
     }
-    every = [m for micros in minis for m in micros]
+    metrics.update({f"train/{name}": value / len(minis) for name, value in updates.items()})
+    kept = [m for m in every if m.weight]
     mismatch = mismatch_metrics(
-        torch.cat([m.old_logp.flatten() for m in every]),
-        torch.cat([m.rollout_logp.flatten() for m in every]),
-        torch.cat([m.batch.mask.flatten() for m in every]),
+        all_ranks(m.old_logp for m in kept),
+        all_ranks(m.rollout_logp for m in kept),
+        all_ranks(m.batch.mask for m in kept),
     )
     tokens = sum(row["prompt_len"] + row["response_len"] for row in rollouts)
     busy = timings["time/train/forward_backward"] + timings["time/train/optimizer"]
