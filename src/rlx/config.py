@@ -489,11 +489,14 @@ def _list_index(items: list, part: str, path: str) -> int:
 
 
 def format_validation_error(error: ValidationError, source: str) -> str:
-    """One readable line per problem: the field path, the bad value and what was expected."""
-    lines = [f"{source}: invalid configuration ({error.error_count()} problem{'s' * (error.error_count() > 1)})"]
+    """One readable line per problem: the field path, the bad value and what was expected (a single
+    problem is reported on the same line as the file)."""
+    count = error.error_count()
+    lines = [f"{source}: invalid configuration" + (f" ({count} problems)" if count > 1 else ":")]
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"])
-        prefix = f"  {path}: " if path else "  "
+        indent = "  " if count > 1 else " "
+        prefix = f"{indent}{path}: " if path else indent
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             lines.append(f"{prefix}unknown field (check the spelling; `rlx config schema` lists every field)")
@@ -503,7 +506,7 @@ def format_validation_error(error: ValidationError, source: str) -> str:
             lines.append(f"{prefix}{message}")
         else:
             lines.append(f"{prefix}{message}; got {item['input']!r}")
-    return "\n".join(lines)
+    return "\n".join(lines) if count > 1 else "".join(lines)
 
 
 def not_utf8(exc: UnicodeDecodeError) -> str:

@@ -9,6 +9,7 @@ DeepSpeed optimizer step. Outputs the next policy (``step-N/policy``) and optimi
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -20,10 +21,13 @@ from rlx.algo import kl as kl_estimators
 from rlx.algo.correction import importance_weights, mismatch_metrics
 from rlx.algo.kl import adaptive_kl_coef
 from rlx.algo.losses import aggregate, policy_loss
-from rlx.artifacts import read_rows
+from rlx.artifacts import DiskFullError, read_rows
 from rlx.config import LossConfig, RLTrainerConfig
+from rlx.errors import UserError
 from rlx.stages.curves import write_curve
 from rlx.trainer import TokenBatch, token_logprobs
+
+log = logging.getLogger(__name__)
 
 
 def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
@@ -185,33 +189,44 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
                 threshold_low=correction.threshold_low,
             )
 
-    totals = defaultdict(float)
-    all_tokens = max(1, sum(micro.batch.num_tokens for micros in minis for micro in micros))
-    for micros in minis:
+    totals, skipped = defaultdict(float), 0
+    nonfinite_in_a_row = trainer.state.get("nonfinite_in_a_row", 0)
+    applied_tokens = 0
+    for number, micros in enumerate(minis, start=1):
         options = {
             "global_tokens": max(1, sum(micro.batch.num_tokens for micro in micros)),
             "norm_length": config.dataflow_config.sample_params.max_tokens,
         }
         started = time.perf_counter()
+        mini = defaultdict(float)
         for micro in micros:
             loss, values = micro_loss(trainer, micro, loss_cfg, temperature, options)
             trainer.backward(loss)
             for name, value in values.items():
-                totals[name] += value
+                mini[name] += value
         timings["time/train/forward_backward"] += time.perf_counter() - started
         started = time.perf_counter()
-        for name, value in trainer.optimizer_step().items():
-            totals[name] += value
+        update = trainer.optimizer_step(mini["loss"])
         timings["time/train/optimizer"] += time.perf_counter() - started
+        if update.pop("skipped"):
+            skipped, nonfinite_in_a_row = skipped + 1, nonfinite_in_a_row + 1
+            check_nonfinite(config, step, number, mini["loss"], update["grad_norm"], nonfinite_in_a_row)
+            continue
+        nonfinite_in_a_row = 0
+        applied_tokens += sum(micro.batch.num_tokens for micro in micros)
+        for name, value in {**mini, **update}.items():
+            totals[name] += value
 
     started = time.perf_counter()
-    trainer.save(paths.policy, paths.trainer_state, engines.tokenizer, {"kl_coef": kl_coef})
-    engines.trainer_advanced_to(step)
+    save_checkpoint(trainer, step, engines, {"kl_coef": kl_coef, "nonfinite_in_a_row": nonfinite_in_a_row})
     timings["time/train/save"] = time.perf_counter() - started
     per_update = {"loss", "pg_loss", "entropy", "kl", "grad_norm", "lr"}
+    applied = len(minis) - skipped
     metrics = {
-        f"train/{name}": value / (len(minis) if name in per_update else all_tokens) for name, value in totals.items()
+        f"train/{name}": value / (applied if name in per_update else max(1, applied_tokens))
+        for name, value in totals.items()
     }
+    metrics["train/skipped_updates"] = skipped
     every = [m for micros in minis for m in micros]
     mismatch = mismatch_metrics(
         torch.cat([m.old_logp.flatten() for m in every]),
@@ -229,6 +244,35 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         "train/tokens": tokens,
         "perf/train_tokens_per_s": tokens / busy,
     }
+
+
+def check_nonfinite(config: RLTrainerConfig, step: int, number: int, loss: float, norm: float, in_a_row: int) -> None:
+    """Warn about a skipped optimizer step; stop the run once ``max_consecutive_nonfinite`` were skipped
+    in a row (before anything of this step is saved, so the last good checkpoint stays as it is)."""
+    limit = config.train_worker_cfg.max_consecutive_nonfinite
+    log.warning(
+        "step %d, mini-batch %d: loss %s, grad norm %s are not finite; the update was skipped (%d in a row, limit %d)",
+        step, number, loss, norm, in_a_row, limit,
+    )  # fmt: skip
+    if in_a_row >= limit:
+        raise UserError(
+            f"train: {in_a_row} optimizer steps in a row had a non-finite loss or gradient norm (the last at step "
+            f"{step}, mini-batch {number}: loss {loss}, grad norm {norm}), reaching "
+            f"train_worker_cfg.max_consecutive_nonfinite={limit}; the last good checkpoint step-{step - 1} is "
+            "intact. Check the rewards (judge/errors) or lower train_worker_cfg.optim_cfg.lr, then rerun"
+        )
+
+
+def save_checkpoint(trainer, step: int, engines, extra: dict) -> None:
+    """Save the step's policy and optimizer state; a full disk is reported with what is still intact."""
+    paths = engines.layout.step(step)
+    try:
+        trainer.save(paths.policy, paths.trainer_state, engines.tokenizer, extra)
+    except DiskFullError as exc:
+        raise DiskFullError(
+            exc.path, f"the previous checkpoint step-{step - 1} is intact: free some space and rerun to resume from it"
+        ) from None
+    engines.trainer_advanced_to(step)
 
 
 def after_run(config: RLTrainerConfig, step: int, engines) -> None:
