@@ -46,7 +46,7 @@ def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
     """Refuse a tokenizer with ids the model has no embedding for: they would fail deep inside a
     forward pass (on CPU) or read other memory (on GPU), long after the cause could be named."""
     if not (Path(model_path) / "config.json").is_file():
-        return  # load_policy names that problem when the model is needed
+        raise UserError(f"load_from {model_path}: not a model folder (no config.json)")
     vocab_size = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
     if len(tokenizer) > vocab_size:
         raise UserError(
