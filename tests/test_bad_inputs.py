@@ -344,8 +344,9 @@ def optimizer_state(trainer) -> str:
     )
 
 
+@pytest.mark.parametrize("zero_stage", [1, 0], ids=["ZeRO-1: DeepSpeed skips", "no ZeRO: rlx skips"])
 def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
-    inputs, judged_step, tmp_path, monkeypatch, caplog
+    inputs, judged_step, tmp_path, monkeypatch, caplog, zero_stage
 ):
     import rlx.stages.train as train
 
@@ -357,7 +358,13 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
 
     monkeypatch.setattr(train, "policy_loss", nan_loss)
     work_dir = copy_run(judged_step, tmp_path)
-    config = step_config(inputs, work_dir, "train_worker_cfg.max_consecutive_nonfinite=2")
+    config = step_config(
+        inputs,
+        work_dir,
+        "train_worker_cfg.max_consecutive_nonfinite=2",
+        f"train_worker_cfg.deepspeed.zero_stage={zero_stage}",
+    )
+    norm = "inf" if zero_stage else "nan"  # ZeRO reports the norm it refused; without ZeRO none is computed
     engines = Engines(config)
     trainer = engines.trainer(0)
     weights = {k: v.clone() for k, v in trainer.module.state_dict().items()}
@@ -365,7 +372,7 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
 
     metrics = run_stage("train", config, 1, engines)
     assert metrics["train/skipped_updates"] == 1
-    assert "step 1, mini-batch 1: loss nan, grad norm inf are not finite; the update was skipped" in caplog.text
+    assert f"step 1, mini-batch 1: loss nan, grad norm {norm} are not finite; the update was skipped" in caplog.text
     assert all(torch.equal(weights[k], v) for k, v in trainer.module.state_dict().items()), "weights changed"
     saved = load_file(work_dir / "step-1" / "policy" / "model.safetensors")
     assert all(torch.equal(weights[k], saved[k]) for k in saved), "the saved policy differs from the previous one"
@@ -380,7 +387,7 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
         run_stage("train", config, 2, engines)
     assert str(stopped.value) == (
         "train: 2 optimizer steps in a row had a non-finite loss or gradient norm (the last at step 2, mini-batch 1: "
-        "loss nan, grad norm inf), reaching train_worker_cfg.max_consecutive_nonfinite=2; the last good checkpoint "
+        f"loss nan, grad norm {norm}), reaching train_worker_cfg.max_consecutive_nonfinite=2; the last good checkpoint "
         "step-1 is intact. Check the rewards (judge/errors) or lower train_worker_cfg.optim_cfg.lr, then rerun"
     )
     assert not (work_dir / "step-2" / "policy").exists() and not (work_dir / "step-2" / "train_metrics.json").exists()

@@ -29,6 +29,7 @@ UNSAFE_CALLS = {
     "dill.load", "dill.loads", "cloudpickle.load", "cloudpickle.loads", "yaml.load", "yaml.unsafe_load",
     "shelve.open",
 }  # fmt: skip
+SHORT_ANSWERS = ["dataflow_config.sample_params.max_tokens=8", "evaluator_config.sample_params.max_tokens=8"]
 PICKLE_SUFFIXES = {".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt"}
 
 
@@ -95,7 +96,7 @@ def finished(untrained_model, tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("secure"), untrained_model)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WANDB_API_KEY", SECRET)
-        fit(project / "params.yaml", ["rollout_steps=2"])
+        fit(project / "params.yaml", ["rollout_steps=2", *SHORT_ANSWERS])
     return project
 
 

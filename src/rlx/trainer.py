@@ -106,7 +106,7 @@ class PolicyTrainer:
         import deepspeed
 
         ensure_distributed_env()
-        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32, use_safetensors=True)
         if cfg.deepspeed.activation_checkpointing:
             model.gradient_checkpointing_enable()
         optim = cfg.optim_cfg
