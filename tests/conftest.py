@@ -88,6 +88,32 @@ def tiny_model(demo_data, request):
     return demo_data, built
 
 
+@pytest.fixture(scope="session")
+def untrained_model(tmp_path_factory):
+    """The demo's inputs in seconds, shaped like ``tiny_model``: 400 problems and a small Qwen3 with its
+    tokenizer, not warm-started. For tests of plumbing and error paths, where learning does not matter."""
+    from rlx.data import load_rows
+    from rlx.tasks.arith import write_dataset
+    from rlx.tiny_model import chat_text, create_model, save, train_tokenizer
+
+    cfg = demo_config(
+        tmp_path_factory.mktemp("untrained"),
+        *("synthetic_task.train_size=400", "synthetic_task.test_size=20", "tiny_model.sft_steps=0"),
+        *("tiny_model.hidden_size=32", "tiny_model.intermediate_size=64", "tiny_model.num_hidden_layers=1"),
+        *("tiny_model.num_attention_heads=2", "tiny_model.num_key_value_heads=1"),
+    )
+    write_dataset(cfg.synthetic_task)
+    rows = load_rows(cfg.synthetic_task.output_dir / "train.parquet")
+    tokenizer = train_tokenizer(
+        [text for row in rows for text in (chat_text(row["prompt"]), row["extra_info"]["solution"])],
+        cfg.tiny_model.vocab_size,
+    )
+    save(create_model(cfg.tiny_model, tokenizer), tokenizer, cfg.tiny_model.output_dir)
+    metrics = {"held_out_accuracy": 0.0, "vocab_size": len(tokenizer)}
+    cfg.tiny_model.metrics_path.write_text(json.dumps(metrics) + "\n")
+    return cfg, metrics
+
+
 # ---- throwaway projects for pipeline tests -----------------------------------------------------
 
 SHORT_RUN = [

@@ -83,7 +83,7 @@ def test_every_section_is_validated(override, message):
     with pytest.raises(ConfigError) as caught:
         config.load(PARAMS, [override])
     assert message in str(caught.value)
-    assert str(caught.value).startswith(f"{PARAMS}: invalid configuration (1 problem)")
+    assert str(caught.value).startswith(f"{PARAMS}: invalid configuration: ")
 
 
 def write(tmp_path: Path, text: str | bytes) -> Path:
@@ -103,7 +103,7 @@ BAD_FILES = [
      "replay_buffer_config.dataset_cfg.0.anno_path: required field is missing"),
     ("not a mapping", "- just\n- a list\n", "expected a mapping of fields at the top level, got a list"),
     ("bad YAML", "dataflow_config: [unclosed\n", "not valid YAML at line 2, column 1"),
-    ("not UTF-8", b"seed: \xff\xfe\n", "cannot read ('utf-8' codec can't decode byte 0xff"),
+    ("not UTF-8", b"seed: \xff\xfe\n", "not UTF-8 text (byte 0xff at line 1, column 7); save it as UTF-8"),
 ]  # fmt: skip
 
 

@@ -6,6 +6,7 @@ process never leaves a half-written artifact under the real name.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,9 +18,35 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlx.errors import UserError
+
+
+class DiskFullError(UserError):
+    """The disk filled up while an artifact was written; the partial copy was removed, nothing under
+    the artifact's name changed."""
+
+    def __init__(self, path: Path, note: str = "the partial copy was removed and nothing else changed"):
+        self.path = Path(path)
+        super().__init__(f"no space left on device while writing {path}; {note}")
+
 
 def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextmanager
+def _cleaned_on_failure(tmp: Path, path: Path) -> Iterator[None]:
+    """Remove the temporary ``tmp`` if writing it fails; a full disk becomes a DiskFullError for ``path``."""
+    try:
+        yield
+    except BaseException as exc:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
+            raise DiskFullError(path) from None
+        raise
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None = None) -> Path:
@@ -28,7 +55,8 @@ def write_rows(rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None 
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
     tmp = _temporary(path)
-    pq.write_table(table, tmp)
+    with _cleaned_on_failure(tmp, path):
+        pq.write_table(table, tmp)
     os.replace(tmp, path)
     return path
 
@@ -41,7 +69,8 @@ def write_json(data: Any, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    with _cleaned_on_failure(tmp, path):
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -58,11 +87,8 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp = _temporary(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    try:
+    with _cleaned_on_failure(tmp, path):
         yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)

@@ -203,6 +203,12 @@ class JudgerConfig(Section):
         min_length=1,
     )
     timeout: float = Field(5.0, gt=0, description="Seconds per sample before its reward is 0.")
+    max_response_chars: int = Field(
+        16000,
+        gt=0,
+        description="rlx addition: judgers see at most the last this many characters of a response (where the "
+        "answer is), so no parser ever gets unbounded text.",
+    )
     overlong_buffer: OverlongBufferConfig = Field(default_factory=lambda: OverlongBufferConfig())
 
 
@@ -280,6 +286,12 @@ class WorkerConfig(Section):
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     optimizer_steps: int = Field(1, gt=0, description="Optimizer steps (mini-batches) per rollout step.")
     pack_max_length: int = Field(4096, gt=0, description="Token budget of one micro-batch.")
+    max_consecutive_nonfinite: int = Field(
+        3,
+        gt=0,
+        description="rlx addition: an optimizer step whose loss or gradient norm is NaN/inf is skipped and counted "
+        "(train/skipped_updates); this many skipped in a row stop the run, the last good checkpoint kept.",
+    )
 
 
 class EvalDatasetConfig(DatasetConfig):
@@ -477,11 +489,14 @@ def _list_index(items: list, part: str, path: str) -> int:
 
 
 def format_validation_error(error: ValidationError, source: str) -> str:
-    """One readable line per problem: the field path, the bad value and what was expected."""
-    lines = [f"{source}: invalid configuration ({error.error_count()} problem{'s' * (error.error_count() > 1)})"]
+    """One readable line per problem: the field path, the bad value and what was expected (a single
+    problem is reported on the same line as the file)."""
+    count = error.error_count()
+    lines = [f"{source}: invalid configuration" + (f" ({count} problems)" if count > 1 else ":")]
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"])
-        prefix = f"  {path}: " if path else "  "
+        indent = "  " if count > 1 else " "
+        prefix = f"{indent}{path}: " if path else indent
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             lines.append(f"{prefix}unknown field (check the spelling; `rlx config schema` lists every field)")
@@ -491,7 +506,31 @@ def format_validation_error(error: ValidationError, source: str) -> str:
             lines.append(f"{prefix}{message}")
         else:
             lines.append(f"{prefix}{message}; got {item['input']!r}")
-    return "\n".join(lines)
+    return "\n".join(lines) if count > 1 else "".join(lines)
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """Where a decoding error is, as a person finds it in an editor: the byte, its line and column."""
+    before = exc.object[: exc.start]
+    line, column = before.count(b"\n") + 1, exc.start - (before.rfind(b"\n") + 1) + 1
+    return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at line {line}, column {column})"
+
+
+def duplicate_key(node: yaml.Node, path: str = "") -> str | None:
+    """The first key a YAML mapping sets twice, as ``key.path at line N (already set at line M)``.
+    PyYAML keeps the last of the two silently, so a params file could mean something it does not say."""
+    children: list[tuple[str, yaml.Node]] = []
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = f"{path}.{key_node.value}" if path else str(key_node.value)
+            if key in first_line:
+                return f"{key} at line {key_node.start_mark.line + 1} (already set at line {first_line[key]})"
+            first_line[key] = key_node.start_mark.line + 1
+            children.append((key, value_node))
+    elif isinstance(node, yaml.SequenceNode):
+        children = [(f"{path}.{index}", item) for index, item in enumerate(node.value)]
+    return next((found for key, child in children if (found := duplicate_key(child, key))), None)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -500,14 +539,19 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: {not_utf8(exc)}; save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     try:
+        duplicate = duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
         tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', exc)})") from None
+    if duplicate:
+        raise ConfigError(f"{path}: duplicate key {duplicate}; keep one of them")
     if tree is None:
         return {}
     if not isinstance(tree, dict):

@@ -7,6 +7,7 @@ the file, the row and the problem, before anything reaches a model.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -34,33 +35,41 @@ def dataset_files(path: Path) -> list[Path]:
     return [path]
 
 
+def jsonl_records(path: Path) -> Iterator[tuple[int, object]]:
+    """``(line number, record)`` for each non-blank line; a line that is not UTF-8 or not JSON is
+    reported by its number (decoded line by line, so the number is exact)."""
+    with open(path, "rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+            if line.strip():
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+
+
 def read_file(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         try:
             return pq.read_table(path).to_pylist()
         except Exception as exc:  # pyarrow raises several types for a damaged file
             raise DataError(f"{path}: unreadable parquet ({exc})") from None
-    rows = []
-    try:
-        with open(path, encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return rows
+    return [record for _, record in jsonl_records(path)]
 
 
 def row_problem(row: object) -> str | None:
-    """Why a row cannot be used, or None when it is fine."""
+    """Why a row cannot be used (the column, and what it holds instead), or None when it is fine."""
     if not isinstance(row, dict):
         return f"expected an object, got {type(row).__name__}"
-    if not isinstance(row.get("data_source"), str) or not row["data_source"]:
-        return "missing 'data_source'"
-    prompt = row.get("prompt")
+    missing = [column for column in ("data_source", "prompt", "reward_model") if column not in row]
+    if missing:
+        return f"missing column{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}"
+    if not isinstance(row["data_source"], str) or not row["data_source"]:
+        return f"'data_source' must be a non-empty string, got {row['data_source']!r}"
+    prompt = row["prompt"]
     if (
         not isinstance(prompt, list)
         or not prompt
@@ -68,11 +77,20 @@ def row_problem(row: object) -> str | None:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
         )
     ):
-        return "'prompt' must be a non-empty list of {role, content} messages"
-    gold = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
+        return f"'prompt' must be a non-empty list of {{role, content}} messages, got {short(prompt)}"
+    reward_model = row["reward_model"]
+    if not isinstance(reward_model, dict):
+        return f"'reward_model' must be an object with a 'ground_truth', got {short(reward_model)}"
+    gold = reward_model.get("ground_truth")
     if gold is None or str(gold).strip() == "":
-        return "missing 'reward_model.ground_truth' (the gold answer)"
+        return f"empty 'reward_model.ground_truth' (the gold answer), got {gold!r}"
     return None
+
+
+def short(value: object, limit: int = 60) -> str:
+    """A value as it appears in an error message, cut to one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def load_rows(path: Path) -> list[dict]:

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
@@ -21,11 +21,40 @@ from rlx.trainer import PolicyTrainer
 
 
 def load_policy(path):
-    """A HF model folder for inference (on the GPU when there is one), with a clear error when it is missing."""
+    """A HF model folder for inference (on the GPU when there is one), with a clear error when it is missing or not one.
+    Weights load from safetensors only: a pickled ``*.bin`` checkpoint could run code when read."""
+    path = Path(path)
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: not a model folder (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if not any(path.glob("*.safetensors")):
+        found = ", ".join(sorted(p.name for p in path.glob("*.bin"))) or "none"
+        raise UserError(
+            f"{path}: no *.safetensors weights (found *.bin: {found}); rlx loads safetensors only: "
+            "save the model with save_pretrained(..., safe_serialization=True)"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot load the model ({first_line(exc)})") from None
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+
+
+def first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
+    """Refuse a tokenizer with ids the model has no embedding for: they would fail deep inside a
+    forward pass (on CPU) or read other memory (on GPU), long after the cause could be named."""
+    if not (Path(model_path) / "config.json").is_file():
+        raise UserError(f"load_from {model_path}: not a model folder (no config.json)")
+    vocab_size = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
+    if len(tokenizer) > vocab_size:
+        raise UserError(
+            f"tokenizer_path {tokenizer_path}: the tokenizer has {len(tokenizer)} tokens but the model in "
+            f"load_from {model_path} embeds only {vocab_size} (vocab_size); use the tokenizer the model was "
+            "trained with"
+        )
 
 
 class Engines:
@@ -44,11 +73,18 @@ class Engines:
         path = self.config.tokenizer_path
         if not (path / "tokenizer_config.json").is_file():
             raise UserError(f"tokenizer_path {path}: no tokenizer there (build the demo model with `dvc repro`)")
-        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        except (OSError, ValueError) as exc:
+            raise UserError(f"tokenizer_path {path}: cannot load the tokenizer ({first_line(exc)})") from None
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         if not tokenizer.chat_template:
-            raise UserError(f"tokenizer_path {path}: the tokenizer has no chat template")
+            raise UserError(
+                f"tokenizer_path {path}: the tokenizer has no chat template (rlx renders prompts as chat "
+                "messages; use an instruct model's tokenizer or set tokenizer.chat_template and save it)"
+            )
+        check_vocabulary(tokenizer, path, self.config.load_from)
         return tokenizer
 
     @cached_property

@@ -96,10 +96,14 @@ def deepspeed_config(cfg: WorkerConfig) -> dict:
         "managed_gradient_accumulation": False,
         "gradient_clipping": cfg.optim_cfg.max_grad_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": cfg.deepspeed.precision == "bf16"},
+        "bf16": {"enabled": cfg.deepspeed.precision == "bf16", "check_grad_overflow": True},  # skip NaN/inf steps
         "steps_per_print": 2**31 - 1,
         "activation_checkpointing": {"partition_activations": cfg.deepspeed.activation_checkpointing},
     }
+
+
+def gradients_finite(module) -> bool:
+    return all(bool(torch.isfinite(p.grad).all()) for p in module.parameters() if p.grad is not None)
 
 
 class PolicyTrainer:
@@ -109,7 +113,7 @@ class PolicyTrainer:
         import deepspeed
 
         ensure_distributed_env()
-        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32, use_safetensors=True)
         if cfg.deepspeed.activation_checkpointing:
             model.gradient_checkpointing_enable()
         optim = cfg.optim_cfg
@@ -123,6 +127,9 @@ class PolicyTrainer:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg)
         )
         if (state_dir / DEEPSPEED_TAG).is_dir():
+            from rlx.safe_checkpoint import WeightsOnlyCheckpointEngine
+
+            self.engine.checkpoint_engine = WeightsOnlyCheckpointEngine(self.engine._config)
             self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG)
         self.state = (
             read_json(state_dir / "state.json").get("extra", {}) if (state_dir / "state.json").is_file() else {}
@@ -141,12 +148,25 @@ class PolicyTrainer:
         self.engine.module.train()
         self.engine.backward(loss, scale_wrt_gas=False)
 
-    def optimizer_step(self) -> dict[str, float]:
-        """Apply the accumulated gradients (clipped by DeepSpeed); return grad norm and the LR used."""
+    def finite_on_every_rank(self, loss: float) -> bool:
+        """Whether no rank has a non-finite loss or gradient: all ranks must skip an update together."""
+        bad = 0.0 if math.isfinite(loss) and gradients_finite(self.module) else 1.0
+        return float(distributed.sum_across(torch.tensor([bad]))) == 0.0
+
+    def optimizer_step(self, loss: float) -> dict[str, float]:
+        """Apply the accumulated gradients (clipped by DeepSpeed); return grad norm, the LR used and
+        ``skipped``: a step whose loss or gradients are not finite leaves weights and optimizer state
+        as they were. ZeRO's optimizer checks the reduced gradients itself (it drops them and skips);
+        without ZeRO (stage 0) the gradients are whole on the parameters and checked here."""
         lr = self.scheduler.get_last_lr()[0]
+        if self.engine.zero_optimization_stage() == 0 and not self.finite_on_every_rank(loss):
+            self.engine.zero_grad()
+            return {"grad_norm": float("nan"), "lr": lr, "skipped": 1}
+        skipped_before = self.engine.skipped_steps
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
-        return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
+        skipped = int(self.engine.skipped_steps > skipped_before)
+        return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr, "skipped": skipped}
 
     def full_parameters(self):
         """A context in which every rank holds the whole policy (ZeRO-3 gathers its partitions)."""

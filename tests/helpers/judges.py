@@ -24,3 +24,7 @@ def sleepy(prompt, response, gold, row):
 
 def wordy(prompt, response, gold, row):
     return "yes"
+
+
+def length(prompt, response, gold, row):
+    return float(len(response))

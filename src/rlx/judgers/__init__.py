@@ -7,7 +7,8 @@ kept in the judged artifact so a notebook can show why a response scored what it
 :class:`Panel` applies the configured judgers to many responses: cheap ones in this process, the
 others (``math``, ``custom``) in worker processes under ``judger_config.timeout``, and a reward
 model in batches. A judger that
-raises, returns a non-number or runs out of time scores 0; the error is kept and counted.
+raises, returns a non-number or runs out of time scores 0; the error is kept and counted. Judgers see
+at most the last ``judger_config.max_response_chars`` characters of a response.
 """
 
 from __future__ import annotations
@@ -150,7 +151,11 @@ class Panel:
         return self.judge_many([(response, data_source, gold, row)])[0]
 
     def judge_many(self, items: list[tuple[str, str, str, dict | None]]) -> list[Verdict]:
-        """Judge ``(response, data_source, gold, row)`` items; slow judgers run in parallel processes."""
+        """Judge ``(response, data_source, gold, row)`` items; slow judgers run in parallel processes.
+        Every judger sees only a response's last ``max_response_chars`` characters (where its answer is),
+        so no parser gets unbounded model output."""
+        cap = self.config.max_response_chars
+        items = [(response[-cap:], *rest) for response, *rest in items]
         results: list[dict[str, tuple]] = [{} for _ in items]
         pending, batched = [], {}
         for index, (response, data_source, gold, row) in enumerate(items):

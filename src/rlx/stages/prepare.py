@@ -47,14 +47,20 @@ class PromptPool:
                         "ground_truth": str(row["reward_model"]["ground_truth"]),
                     }
                 )
+        if not rows:
+            raise UserError(
+                f"every prompt ({dropped}) is longer than replay_buffer_config.max_prompt_length="
+                f"{buffer.max_prompt_length} tokens; raise the limit or shorten the prompts"
+            )
         return cls(rows, dropped)
 
     def steps_per_epoch(self, global_batch_size: int) -> int:
         steps = len(self.rows) // global_batch_size
         if steps == 0:
             raise UserError(
-                f"only {len(self.rows)} usable prompts ({self.dropped_too_long} longer than "
-                f"replay_buffer_config.max_prompt_length) for dataflow_config.global_batch_size={global_batch_size}"
+                f"only {len(self.rows)} usable prompts ({self.dropped_too_long} more were longer than "
+                f"replay_buffer_config.max_prompt_length), fewer than dataflow_config.global_batch_size="
+                f"{global_batch_size}"
             )
         return steps
 

@@ -9,6 +9,7 @@ DeepSpeed optimizer step. Outputs the next policy (``step-N/policy``) and optimi
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -21,10 +22,13 @@ from rlx.algo import kl as kl_estimators
 from rlx.algo.correction import importance_weights, mismatch_metrics
 from rlx.algo.kl import adaptive_kl_coef
 from rlx.algo.losses import aggregate, policy_loss
-from rlx.artifacts import read_rows
+from rlx.artifacts import DiskFullError, read_rows
 from rlx.config import LossConfig, RLTrainerConfig
+from rlx.errors import UserError
 from rlx.stages.curves import write_curve
 from rlx.trainer import TokenBatch, token_logprobs
+
+log = logging.getLogger(__name__)
 
 
 def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
@@ -212,34 +216,46 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
             )
 
     totals, updates = defaultdict(float), defaultdict(float)
+    skipped, nonfinite_in_a_row, applied_tokens = 0, trainer.state.get("nonfinite_in_a_row", 0), 0
     norm_length = config.dataflow_config.sample_params.max_tokens
-    for micros in minis:
+    for number, micros in enumerate(minis, start=1):
         started = time.perf_counter()
+        mini = defaultdict(float)
         for micro in micros:
             loss, values = micro_loss(trainer, micro, loss_cfg, temperature, norm_length)
             trainer.backward(loss * distributed.world_size())  # DeepSpeed averages gradients over ranks
             for name, value in values.items():
-                totals[name] += value
+                mini[name] += value
         timings["time/train/forward_backward"] += time.perf_counter() - started
         started = time.perf_counter()
-        for name, value in trainer.optimizer_step().items():
-            updates[name] += value
+        update = trainer.optimizer_step(mini["loss"])
         timings["time/train/optimizer"] += time.perf_counter() - started
+        if update.pop("skipped"):
+            skipped, nonfinite_in_a_row = skipped + 1, nonfinite_in_a_row + 1
+            check_nonfinite(config, step, number, mini["loss"], update["grad_norm"], nonfinite_in_a_row)
+            continue
+        nonfinite_in_a_row = 0
+        applied_tokens += micros[0].mini_tokens
+        for name, value in mini.items():
+            totals[name] += value
+        for name, value in update.items():
+            updates[name] += value
     summed = distributed.sum_across(torch.tensor(list(totals.values()), dtype=torch.float64))
     totals = dict(zip(totals, summed.tolist(), strict=True))
     extra["train/world_size"] = distributed.world_size()
     extra["train/rank_weight_spread"] = trainer.rank_weight_spread()
 
     started = time.perf_counter()
-    trainer.save(paths.policy, paths.trainer_state, engines.tokenizer, {"kl_coef": kl_coef})
-    engines.trainer_advanced_to(step)
+    save_checkpoint(trainer, step, engines, {"kl_coef": kl_coef, "nonfinite_in_a_row": nonfinite_in_a_row})
     timings["time/checkpoint"] = time.perf_counter() - started
-    all_tokens = sum(micros[0].mini_tokens for micros in minis)
     per_update = {"loss", "pg_loss", "entropy", "kl"}
+    applied = len(minis) - skipped
     metrics = {
-        f"train/{name}": value / (len(minis) if name in per_update else all_tokens) for name, value in totals.items()
+        f"train/{name}": value / (applied if name in per_update else max(1, applied_tokens))
+        for name, value in totals.items()
     }
-    metrics.update({f"train/{name}": value / len(minis) for name, value in updates.items()})
+    metrics.update({f"train/{name}": value / max(1, applied) for name, value in updates.items()})
+    metrics["train/skipped_updates"] = skipped
     kept = [m for m in every if m.weight]
     mismatch = mismatch_metrics(
         all_ranks(m.old_logp for m in kept),
@@ -257,6 +273,35 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         "train/tokens": tokens,
         "perf/train_tokens_per_s": tokens / busy,
     }
+
+
+def check_nonfinite(config: RLTrainerConfig, step: int, number: int, loss: float, norm: float, in_a_row: int) -> None:
+    """Warn about a skipped optimizer step; stop the run once ``max_consecutive_nonfinite`` were skipped
+    in a row (before anything of this step is saved, so the last good checkpoint stays as it is)."""
+    limit = config.train_worker_cfg.max_consecutive_nonfinite
+    log.warning(
+        "step %d, mini-batch %d: loss %s, grad norm %s are not finite; the update was skipped (%d in a row, limit %d)",
+        step, number, loss, norm, in_a_row, limit,
+    )  # fmt: skip
+    if in_a_row >= limit:
+        raise UserError(
+            f"train: {in_a_row} optimizer steps in a row had a non-finite loss or gradient norm (the last at step "
+            f"{step}, mini-batch {number}: loss {loss}, grad norm {norm}), reaching "
+            f"train_worker_cfg.max_consecutive_nonfinite={limit}; the last good checkpoint step-{step - 1} is "
+            "intact. Check the rewards (judge/errors) or lower train_worker_cfg.optim_cfg.lr, then rerun"
+        )
+
+
+def save_checkpoint(trainer, step: int, engines, extra: dict) -> None:
+    """Save the step's policy and optimizer state; a full disk is reported with what is still intact."""
+    paths = engines.layout.step(step)
+    try:
+        trainer.save(paths.policy, paths.trainer_state, engines.tokenizer, extra)
+    except DiskFullError as exc:
+        raise DiskFullError(
+            exc.path, f"the previous checkpoint step-{step - 1} is intact: free some space and rerun to resume from it"
+        ) from None
+    engines.trainer_advanced_to(step)
 
 
 def after_run(config: RLTrainerConfig, step: int, engines) -> None:

@@ -7,11 +7,11 @@ A row is ``{"data_source", "prompt": [chat messages], "ability", "reward_model":
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from rlx.artifacts import write_rows
+from rlx.data import jsonl_records
 from rlx.errors import UserError
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -30,11 +30,18 @@ def make_row(*, data_source: str, question: str, ground_truth: str, solution: st
 def convert_jsonl(source: Path, output: Path, name: str, to_row: Callable[[dict, int], dict]) -> Path:
     """Read a public set's jsonl, turn each record into a row with ``to_row(record, index)``, and
     write them as parquet; a broken line is reported by number."""
+    if not Path(source).is_file():
+        raise UserError(f"{source}: no such file")
     rows = []
-    with open(source, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            try:
-                rows.append(to_row(json.loads(line), len(rows)))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise UserError(f"{source}:{number}: not a {name} row ({exc})") from None
+    for number, record in jsonl_records(source):
+        try:
+            if not isinstance(record, dict):
+                raise TypeError(f"expected a JSON object, got {type(record).__name__}")
+            rows.append(to_row(record, len(rows)))
+        except KeyError as exc:
+            raise UserError(f"{source}:{number}: not a {name} row (missing key {exc})") from None
+        except (ValueError, TypeError) as exc:
+            raise UserError(f"{source}:{number}: not a {name} row ({exc})") from None
+    if not rows:
+        raise UserError(f"{source}: no rows (the file is empty)")
     return write_rows(rows, output)

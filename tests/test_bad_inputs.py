@@ -1,0 +1,421 @@
+"""Bad input, row by row: each row is a mistake a user can make and the exact message rlx answers with.
+
+Every row runs the real command line (`rlx config show`, `rlx stage ...`, `rlx eval`, `rlx convert`)
+in this process and checks that it exits with code 2 after printing that one line, and nothing else
+(no traceback). Faults of a running step that are not the user's input (a judger that raises or hangs,
+a NaN loss, a full disk) are tested below the table: each is survived or stopped with a clear message,
+and nothing already saved is lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import PARAMS
+from rlx import config as rlx_config
+from rlx.artifacts import DiskFullError, read_json, read_rows, write_rows
+from rlx.cli import main
+from rlx.engines import Engines
+from rlx.errors import UserError
+from rlx.stages import run_stage
+
+
+@pytest.fixture(scope="module")
+def inputs(untrained_model, tmp_path_factory) -> dict[str, Path]:
+    """A valid params.yaml over the small untrained model and its task; each row breaks one thing."""
+    cfg, _ = untrained_model
+    base = tmp_path_factory.mktemp("bad-inputs")
+    params = base / "params.yaml"
+    shutil.copy2(PARAMS, params)
+    model, data = cfg.tiny_model.output_dir, cfg.synthetic_task.output_dir
+    overrides = [
+        f"load_from={model}",
+        f"tokenizer_path={model}",
+        f"work_dir={base / 'run'}",
+        f"replay_buffer_config.dataset_cfg.0.anno_path={data / 'train.parquet'}",
+        f"evaluator_config.dataset_cfg.0.anno_path={data / 'test.parquet'}",
+        "wandb.enabled=false",
+        "run.step=1",
+        "run.prev=0",
+    ]
+    params.write_text(rlx_config.to_yaml(rlx_config.load(params, overrides)))
+    return {"params": params, "model": model, "train": data / "train.parquet", "test": data / "test.parquet"}
+
+
+# ---- how rows build their broken inputs --------------------------------------------------------
+
+
+def copy_model(name: str, edit: Callable[[Path], None]) -> Callable[[Path, dict], None]:
+    """A row's setup: the good model folder copied to ``{d}/name``, then broken by ``edit``."""
+
+    def setup(folder: Path, inputs: dict) -> None:
+        target = folder / name
+        shutil.copytree(inputs["model"], target)
+        edit(target)
+
+    return setup
+
+
+def drop_chat_template(folder: Path) -> None:
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config_file = folder / "tokenizer_config.json"
+    config_file.write_text(
+        json.dumps({k: v for k, v in json.loads(config_file.read_text()).items() if k != "chat_template"})
+    )
+
+
+def shrink_vocabulary(folder: Path) -> None:
+    config_file = folder / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "vocab_size": 64}))
+
+
+def only_pickled_weights(folder: Path) -> None:
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+
+
+def no_weights(folder: Path) -> None:
+    (folder / "model.safetensors").unlink()
+
+
+def no_tokenizer(folder: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        (folder / name).unlink(missing_ok=True)
+
+
+def no_config(folder: Path) -> None:
+    (folder / "config.json").unlink()
+
+
+def rollouts_of(*data_sources: str) -> Callable[[Path, dict], None]:
+    """A row's setup: step 1's rollouts in ``{d}/run`` (one response per data source, each its own group of
+    one), ready for `rlx stage judge`."""
+
+    def setup(folder: Path, inputs: dict) -> None:
+        rows = [
+            {"step": 1, "group": group, "sample": 0, "data_source": source, "ground_truth": "4",
+             "response_text": "#### 4", "response_len": 3}
+            for group, source in enumerate(data_sources)
+        ]  # fmt: skip
+        write_rows(rows, folder / "run" / "step-1" / "rollouts.parquet")
+
+    return setup
+
+
+GOOD_ROW = '{"data_source": "rlx/arith", "prompt": [{"role": "user", "content": "What is 2 + 2?"}], "reward_model": {"ground_truth": "4"}}\n'  # noqa: E501
+PREPARE = ["stage", "prepare", "{params}"]
+OWN_DATA = ["-S", "replay_buffer_config.dataset_cfg.0.anno_path={d}/rows.jsonl"]
+NO_LMDEPLOY = importlib.util.find_spec("lmdeploy") is None
+
+
+@dataclass
+class Row:
+    """A bad input: the files it needs (under ``{d}``), the command, and the exact message."""
+
+    id: str
+    argv: list[str]
+    message: str
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    setup: Callable[[Path, dict], None] | None = None
+
+
+def show(text: str | bytes) -> dict:
+    return {"argv": ["config", "show", "{d}/params.yaml"], "files": {"params.yaml": text}}
+
+
+INVALID = "{d}/params.yaml: invalid configuration: "
+
+ROWS = [
+    # ---- params: the file, its fields, the -S overrides
+    Row("unknown key", **show("seeed: 1\n"),
+        message=INVALID + "seeed: unknown field (check the spelling; `rlx config schema` lists every field)"),
+    Row("wrong type", **show("seed: abc\n"),
+        message=INVALID + "seed: Input should be a valid integer, unable to parse string as an integer; got 'abc'"),
+    Row("out of range", **show("dataflow_config:\n  global_batch_size: 0\n"),
+        message=INVALID + "dataflow_config.global_batch_size: Input should be greater than 0; got 0"),
+    Row("group estimator with groups of one", **show("dataflow_config:\n  prompt_repeat_k: 1\n"),
+        message=INVALID + "advantage_estimator_config.type 'grpo' compares responses within a group: "
+        "dataflow_config.prompt_repeat_k must be at least 2, got 1"),
+    Row("pass@k above the group size",
+        **show("advantage_estimator_config:\n  type: pass_at_k\n  k: 16\n"),
+        message=INVALID + "advantage_estimator_config.k (16) cannot exceed dataflow_config.prompt_repeat_k (8)"),
+    Row("GPU backend on a CPU machine", **show("rollout_config:\n  backend: lmdeploy\n"),
+        message=INVALID + "rollout_config.backend 'lmdeploy' needs LMDeploy and a GPU: pip install 'rlx[gpu]' "
+        "(or use backend 'transformers')"),
+    Row("bad YAML", **show("dataflow_config: [unclosed\n"),
+        message="{d}/params.yaml: not valid YAML at line 2, column 1 (expected ',' or ']', but got '<stream end>')"),
+    Row("duplicate key", **show("seed: 1\ndataflow_config:\n  prompt_repeat_k: 4\n  prompt_repeat_k: 8\n"),
+        message="{d}/params.yaml: duplicate key dataflow_config.prompt_repeat_k at line 4 (already set at line 3); "
+        "keep one of them"),
+    Row("not UTF-8", **show(b"seed: 1\nwork_dir: runs/caf\xe9\n"),
+        message="{d}/params.yaml: not UTF-8 text (byte 0xe9 at line 2, column 19); save it as UTF-8"),
+    Row("not a mapping", **show("- seed\n"),
+        message="{d}/params.yaml: expected a mapping of fields at the top level, got a list"),
+    Row("params file missing", ["config", "show", "{d}/absent.yaml"], "{d}/absent.yaml: no such file"),
+    Row("-S without =", ["config", "show", "{params}", "-S", "seed"],
+        "override 'seed': expected KEY=VALUE, e.g. dataflow_config.global_batch_size=32"),
+    Row("-S value not YAML", ["config", "show", "{params}", "-S", "seed=[1"],
+        "override 'seed=[1': the value is not valid YAML (expected ',' or ']', but got '<stream end>')"),
+    Row("-S into a value", ["config", "show", "{params}", "-S", "seed.inner=1"],
+        "override 'seed.inner=1': seed is a int, not a section"),
+    Row("-S past a list's end", ["config", "show", "{params}", "-S", "replay_buffer_config.dataset_cfg.3.name=x"],
+        "override path replay_buffer_config.dataset_cfg.3: expected a list index below 1, got '3'"),
+    Row("unknown stage", ["stage", "nope", "{params}"],
+        "unknown stage 'nope'; stages: base, prepare, rollout, judge, train, evaluate, export"),
+    # ---- files the params name
+    Row("tokenizer_path missing", [*PREPARE, "-S", "tokenizer_path={d}/absent"],
+        "tokenizer_path {d}/absent: no tokenizer there (build the demo model with `dvc repro`)"),
+    Row("dataset anno_path missing", [*PREPARE, *OWN_DATA],
+        "{d}/rows.jsonl: no such dataset file (build the demo data with `dvc repro` or `rlx init-data`)"),
+    Row("load_from missing", [*PREPARE, "-S", "load_from={d}/absent"],
+        "load_from {d}/absent: not a model folder (no config.json)"),
+    Row("eval of a missing model", ["eval", "{d}/absent", "--data", "{test}"],
+        "{d}/absent: not a model folder (no config.json)"),
+    # ---- the model folder
+    Row("model folder without weights", ["eval", "{d}/model", "--data", "{test}"],
+        "{d}/model: no *.safetensors weights (found *.bin: none); rlx loads safetensors only: "
+        "save the model with save_pretrained(..., safe_serialization=True)", setup=copy_model("model", no_weights)),
+    Row("pickled weights only", ["eval", "{d}/model", "--data", "{test}"],
+        "{d}/model: no *.safetensors weights (found *.bin: pytorch_model.bin); rlx loads safetensors only: "
+        "save the model with save_pretrained(..., safe_serialization=True)",
+        setup=copy_model("model", only_pickled_weights)),
+    Row("not a model folder", [*PREPARE, "-S", "load_from={d}/model"],
+        "load_from {d}/model: not a model folder (no config.json)", setup=copy_model("model", no_config)),
+    Row("model folder without tokenizer", [*PREPARE, "-S", "tokenizer_path={d}/model"],
+        "tokenizer_path {d}/model: no tokenizer there (build the demo model with `dvc repro`)",
+        setup=copy_model("model", no_tokenizer)),
+    Row("tokenizer without chat template", [*PREPARE, "-S", "tokenizer_path={d}/model"],
+        "tokenizer_path {d}/model: the tokenizer has no chat template (rlx renders prompts as chat messages; "
+        "use an instruct model's tokenizer or set tokenizer.chat_template and save it)",
+        setup=copy_model("model", drop_chat_template)),
+    Row("tokenizer larger than the model's vocabulary", [*PREPARE, "-S", "load_from={d}/model"],
+        "tokenizer_path {model}: the tokenizer has {vocab} tokens but the model in load_from {d}/model embeds "
+        "only 64 (vocab_size); use the tokenizer the model was trained with",
+        setup=copy_model("model", shrink_vocabulary)),
+    # ---- prompt data
+    Row("empty dataset", [*PREPARE, *OWN_DATA], "{d}/rows.jsonl: the dataset is empty", files={"rows.jsonl": ""}),
+    Row("missing columns", [*PREPARE, *OWN_DATA],
+        "{d}/rows.jsonl: row 0: missing columns 'prompt', 'reward_model'",
+        files={"rows.jsonl": '{"data_source": "rlx/arith"}\n'}),
+    Row("empty gold answer", [*PREPARE, *OWN_DATA],
+        "{d}/rows.jsonl: row 1: empty 'reward_model.ground_truth' (the gold answer), got ''",
+        files={"rows.jsonl": GOOD_ROW + GOOD_ROW.replace('"ground_truth": "4"', '"ground_truth": ""')}),
+    Row("wrong type in a column", [*PREPARE, *OWN_DATA],
+        "{d}/rows.jsonl: row 2: 'prompt' must be a non-empty list of {{role, content}} messages, got 'What is 2 + 2?'",
+        files={"rows.jsonl": GOOD_ROW * 2 + GOOD_ROW.replace('[{"role": "user", "content": "What is 2 + 2?"}]',
+                                                               '"What is 2 + 2?"')}),
+    Row("line not JSON", [*PREPARE, *OWN_DATA], "{d}/rows.jsonl:2: not valid JSON (Expecting property name enclosed in double quotes)",
+        files={"rows.jsonl": GOOD_ROW + "{oops\n"}),
+    Row("line not UTF-8", [*PREPARE, *OWN_DATA], "{d}/rows.jsonl:2: not UTF-8 text (byte 0xff)",
+        files={"rows.jsonl": GOOD_ROW.encode() + b'{"data_source": "\xff"}\n'}),
+    Row("every prompt too long", [*PREPARE, "-S", "replay_buffer_config.max_prompt_length=4"],
+        "every prompt (400) is longer than replay_buffer_config.max_prompt_length=4 tokens; "
+        "raise the limit or shorten the prompts"),
+    Row("fewer prompts than a batch", [*PREPARE, *OWN_DATA],
+        "only 2 usable prompts (0 more were longer than replay_buffer_config.max_prompt_length), "
+        "fewer than dataflow_config.global_batch_size=16", files={"rows.jsonl": GOOD_ROW * 2}),
+    Row("convert: line not UTF-8", ["convert", "gsm8k", "{d}/in.jsonl", "{d}/out.parquet"],
+        "{d}/in.jsonl:2: not UTF-8 text (byte 0xe9)",
+        files={"in.jsonl": b'{"question": "q", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "#### 2"}\n'}),
+    Row("convert: missing key", ["convert", "gsm8k", "{d}/in.jsonl", "{d}/out.parquet"],
+        "{d}/in.jsonl:1: not a GSM8K row (missing key 'answer')", files={"in.jsonl": '{"question": "q"}\n'}),
+    Row("convert: no gold answer", ["convert", "gsm8k", "{d}/in.jsonl", "{d}/out.parquet"],
+        "{d}/in.jsonl:1: not a GSM8K row (no '#### answer' at the end of the solution)",
+        files={"in.jsonl": '{"question": "q", "answer": "it is 2"}\n'}),
+    Row("convert: missing file", ["convert", "gsm8k", "{d}/absent.jsonl", "{d}/out.parquet"],
+        "{d}/absent.jsonl: no such file"),
+    # ---- judging
+    Row("data_source no judger scores", ["stage", "judge", "{params}", "-S", "work_dir={d}/run"],
+        "no judger scores data_source 'someone/else'; judger_config.reward_judger_configs covers ['rlx/arith']",
+        setup=rollouts_of("rlx/arith", "someone/else")),
+    Row("unknown judger", ["stage", "judge", "{params}", "-S", "work_dir={d}/run",
+                           "-S", "judger_config.reward_judger_configs.0.judger_name=nope"],
+        "unknown judger 'nope'; available: arith, custom, format, gsm8k, math, reward_model",
+        setup=rollouts_of("rlx/arith")),
+]  # fmt: skip
+
+MARKS = {"GPU backend on a CPU machine": pytest.mark.skipif(not NO_LMDEPLOY, reason="LMDeploy is installed here")}
+
+
+def fill(text: str, folder: Path, inputs: dict, vocab: int) -> str:
+    return text.format(d=folder, vocab=vocab, **inputs)
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    captured = capsys.readouterr()
+    return exited.value.code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=MARKS.get(r.id, ())) for r in ROWS])
+def test_bad_input_gets_one_exact_line_and_exit_code_2(row, inputs, untrained_model, tmp_path, capsys):
+    for name, content in row.files.items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    if row.setup:
+        row.setup(tmp_path, inputs)
+    vocab = untrained_model[1]["vocab_size"]
+    code, out, err = run_cli([fill(arg, tmp_path, inputs, vocab) for arg in row.argv], capsys)
+    assert (code, out, err) == (2, "", f"error: {fill(row.message, tmp_path, inputs, vocab)}\n")
+
+
+def test_the_table_covers_enough_mistakes():
+    assert len(ROWS) >= 25 and len({row.id for row in ROWS}) == len(ROWS)
+
+
+# ---- faults while a step runs ------------------------------------------------------------------
+
+
+def test_too_long_prompts_are_dropped_and_counted(inputs, tmp_path, capsys):
+    argv = [*PREPARE, "-S", f"work_dir={tmp_path}", "-S", "replay_buffer_config.max_prompt_length=53"]
+    code, out, _ = run_cli([fill(a, tmp_path, inputs, 0) for a in argv], capsys)
+    metrics = json.loads(out)
+    assert code == 0 and 0 < metrics["prompts/dropped_too_long"] < 400
+    assert metrics["prompts/pool_size"] == 400 - metrics["prompts/dropped_too_long"]
+
+
+def test_a_judger_that_raises_or_hangs_scores_zero_and_is_counted(inputs, tmp_path, capsys):
+    """The run goes on: each failure is a reward of 0, its error is kept per response and counted."""
+    rollouts_of("bug", "slow")(tmp_path, inputs)
+    judgers = [
+        {"judger_name": "custom", "data_source": ["bug"], "options": {"function": "helpers.judges:broken"}},
+        {"judger_name": "custom", "data_source": ["slow"], "options": {"function": "helpers.judges:sleepy"}},
+    ]
+    argv = ["stage", "judge", str(inputs["params"]), "-S", f"work_dir={tmp_path / 'run'}", "-S",
+            f"judger_config.reward_judger_configs={json.dumps(judgers)}", "-S", "judger_config.timeout=3",
+            "-S", "dataflow_config.prompt_repeat_k=1", "-S", "advantage_estimator_config.type=reinforce_plus_plus"]  # fmt: skip
+    code, out, _ = run_cli(argv, capsys)
+    assert code == 0 and json.loads(out)["judge/errors"] == 2
+    judged = read_rows(tmp_path / "run" / "step-1" / "judged.parquet")
+    assert [row["reward"] for row in judged] == [0.0, 0.0]
+    assert [row["error"] for row in judged] == [
+        "custom: RuntimeError: judger bug",
+        "custom: timeout: no score within 3.0 s",
+    ]
+
+
+@pytest.fixture(scope="module")
+def judged_step(inputs, untrained_model, tmp_path_factory) -> Path:
+    """A work_dir whose step 1 is prepared, rolled out and judged (train not yet run), on the real stages."""
+    work_dir = tmp_path_factory.mktemp("judged") / "run"
+    config = step_config(inputs, work_dir)
+    engines = Engines(config)
+    for name in ("base", "prepare", "rollout", "judge"):
+        run_stage(name, config, 1, engines)
+    return work_dir
+
+
+def step_config(inputs: dict, work_dir: Path, *overrides: str):
+    return rlx_config.load(
+        inputs["params"],
+        [
+            f"work_dir={work_dir}",
+            "evaluator_config.enable_initial_evaluate=false",
+            "dataflow_config.global_batch_size=2",
+            "dataflow_config.prompt_repeat_k=2",
+            "dataflow_config.sample_params.max_tokens=8",
+            *overrides,
+        ],
+    )
+
+
+def copy_run(judged_step: Path, tmp_path: Path) -> Path:
+    work_dir = tmp_path / "run"
+    shutil.copytree(judged_step, work_dir)
+    return work_dir
+
+
+def optimizer_state(trainer) -> str:
+    """DeepSpeed's optimizer state, every tensor written out, to compare exactly."""
+    state = {k: v for k, v in trainer.engine.optimizer.state_dict().items() if k != "overflow"}  # its skip flag
+    return json.dumps(
+        state,
+        default=lambda o: o.tolist() if isinstance(o, torch.Tensor) else repr(o),
+        sort_keys=True,
+    )
+
+
+@pytest.mark.parametrize("zero_stage", [1, 0], ids=["ZeRO-1: DeepSpeed skips", "no ZeRO: rlx skips"])
+def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
+    inputs, judged_step, tmp_path, monkeypatch, caplog, zero_stage
+):
+    import rlx.stages.train as train
+
+    real_loss = train.policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, metrics = real_loss(*args, **kwargs)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(train, "policy_loss", nan_loss)
+    work_dir = copy_run(judged_step, tmp_path)
+    config = step_config(
+        inputs,
+        work_dir,
+        "train_worker_cfg.max_consecutive_nonfinite=2",
+        f"train_worker_cfg.deepspeed.zero_stage={zero_stage}",
+    )
+    norm = "inf" if zero_stage else "nan"  # ZeRO reports the norm it refused; without ZeRO none is computed
+    engines = Engines(config)
+    trainer = engines.trainer(0)
+    weights = {k: v.clone() for k, v in trainer.module.state_dict().items()}
+    optimizer = optimizer_state(trainer)
+
+    metrics = run_stage("train", config, 1, engines)
+    assert metrics["train/skipped_updates"] == 1
+    assert f"step 1, mini-batch 1: loss nan, grad norm {norm} are not finite; the update was skipped" in caplog.text
+    assert all(torch.equal(weights[k], v) for k, v in trainer.module.state_dict().items()), "weights changed"
+    saved = load_file(work_dir / "step-1" / "policy" / "model.safetensors")
+    assert all(torch.equal(weights[k], saved[k]) for k in saved), "the saved policy differs from the previous one"
+    assert optimizer_state(trainer) == optimizer, "the optimizer state changed"
+    assert read_json(work_dir / "step-1" / "trainer_state" / "state.json")["extra"]["nonfinite_in_a_row"] == 1
+
+    # The count survives a restart (a fresh Engines reads it from step 1's state): the next skip is the second.
+    engines = Engines(config)
+    for name in ("prepare", "rollout", "judge"):
+        run_stage(name, config, 2, engines)
+    with pytest.raises(UserError) as stopped:
+        run_stage("train", config, 2, engines)
+    assert str(stopped.value) == (
+        "train: 2 optimizer steps in a row had a non-finite loss or gradient norm (the last at step 2, mini-batch 1: "
+        f"loss nan, grad norm {norm}), reaching train_worker_cfg.max_consecutive_nonfinite=2; the last good checkpoint "
+        "step-1 is intact. Check the rewards (judge/errors) or lower train_worker_cfg.optim_cfg.lr, then rerun"
+    )
+    assert not (work_dir / "step-2" / "policy").exists() and not (work_dir / "step-2" / "train_metrics.json").exists()
+    assert load_file(work_dir / "step-1" / "policy" / "model.safetensors").keys() == saved.keys()
+
+
+@pytest.mark.parametrize("part", ["policy", "trainer_state"])
+def test_disk_full_while_saving_a_checkpoint_keeps_the_previous_one(inputs, judged_step, tmp_path, monkeypatch, part):
+    import deepspeed
+    import transformers
+
+    def disk_full(self, folder, *args, **kwargs):
+        (Path(folder) / "partial").write_bytes(b"half a file")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    target = (transformers.PreTrainedModel, "save_pretrained") if part == "policy" else None
+    target = target or (deepspeed.DeepSpeedEngine, "save_checkpoint")
+    monkeypatch.setattr(*target, disk_full)
+    work_dir = copy_run(judged_step, tmp_path)
+    config = step_config(inputs, work_dir)
+    before = load_file(work_dir / "step-0" / "policy" / "model.safetensors")
+    with pytest.raises(DiskFullError) as failed:
+        run_stage("train", config, 1, Engines(config))
+    assert str(failed.value) == (
+        f"no space left on device while writing {work_dir}/step-1/{part}; the previous checkpoint step-0 is intact: "
+        "free some space and rerun to resume from it"
+    )
+    assert not list((work_dir / "step-1").glob(".*tmp*")), "the partial copy was left behind"
+    assert not (work_dir / "step-1" / "train_metrics.json").exists()
+    after = load_file(work_dir / "step-0" / "policy" / "model.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)
