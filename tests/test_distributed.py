@@ -93,9 +93,7 @@ def test_fit_with_two_workers_resumes_their_sharded_state(tmp_path, tiny_model):
     """`rlx fit` launches the ranks every step (the optimizer state of step N, sharded over two
     ranks, is what step N+1's ranks load) and leaves the pipeline clean."""
     project = make_project(tmp_path, tiny_model)
-    history = fit(
-        project / "params.yaml", ["resources.num_workers=2", "rollout_steps=2", "evaluator_config.evaluate_step=0"]
-    )
+    history = fit(project / "params.yaml", ["resources.num_workers=2", "rollout_steps=2"])
     assert [m["train/world_size"] for m in history] == [2, 2]
     assert all(m["train/rank_weight_spread"] == 0.0 for m in history)
     assert dvc_status(project) == {}

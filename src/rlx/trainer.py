@@ -179,9 +179,13 @@ class PolicyTrainer:
     def rank_weight_spread(self) -> float:
         """The largest difference between ranks of a fingerprint of the weights (sum and sum of
         squares); data-parallel ranks must end every update identical, so anything but 0 is a bug."""
+        if distributed.world_size() == 1:
+            return 0.0
+        fingerprint = torch.zeros(2, dtype=torch.float64)
         with self.full_parameters(), torch.no_grad():
-            values = torch.cat([p.detach().double().flatten() for p in self.engine.module.parameters()])
-            fingerprint = torch.stack([values.sum(), values.square().sum()])
+            for parameter in self.engine.module.parameters():
+                values = parameter.detach().double().cpu()
+                fingerprint += torch.stack([values.sum(), values.square().sum()])
         every = distributed.cat_across(fingerprint).view(-1, 2)
         spread = float((every.max(dim=0).values - every.min(dim=0).values).max())
         if spread:

@@ -160,8 +160,8 @@ def kl_in_reward(config: RLTrainerConfig, minis: list[list[Micro]], count: int) 
 
 
 def all_ranks(tensors) -> torch.Tensor:
-    """These tensors of every rank, flattened into one."""
-    return distributed.cat_across(torch.cat([tensor.flatten() for tensor in tensors]))
+    """These tensors of every rank, flattened into one (a rank may hold none: it only kept in step)."""
+    return distributed.cat_across(torch.cat([tensor.flatten() for tensor in tensors] or [torch.zeros(0)]))
 
 
 def response_mask(rollouts: list[dict]) -> torch.Tensor:
@@ -171,7 +171,7 @@ def response_mask(rollouts: list[dict]) -> torch.Tensor:
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
     if config.resources.num_workers > 1 and not distributed.launched():
-        return distributed.launch_stage("train", config, step, engines.layout.step(step).folder)
+        return distributed.launch_stage("train", config, step, engines.layout.step(step).dir)
     loss_cfg, estimator = config.train_worker_cfg.loss_cfg, config.advantage_estimator_config
     paths = engines.layout.step(step)
     rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
