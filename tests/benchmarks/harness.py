@@ -50,9 +50,10 @@ def record(name: str, value) -> None:
     report.write_results(MEASURED, " ".join(["pytest", *sys.argv[1:]]))
 
 
-def run_workload(kind: str, out_dir: Path, **arguments) -> dict:
-    """Run one workload of ``workloads.py`` in a fresh interpreter and return what it measured."""
-    out = out_dir / f"{kind}-{len(list(out_dir.glob(f'{kind}-*.json')))}.json"
+def run_workload(kind: str, scratch: Path, /, **arguments) -> dict:
+    """Run one workload of ``workloads.py`` in a fresh interpreter and return what it measured
+    (written to a file in ``scratch``)."""
+    out = scratch / f"{kind}-{len(list(scratch.glob(f'{kind}-*.json')))}.json"
     command = [sys.executable, str(HERE / "workloads.py"), kind, json.dumps(arguments, default=str), str(out)]
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True)
     assert done.returncode == 0, f"{kind} workload failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"

@@ -51,17 +51,17 @@ def trl_micro_batch(bench_project) -> int:
     return min((d for d in range(1, responses + 1) if responses % d == 0), key=lambda d: abs(d - per_micro))
 
 
-def test_step_trl_grpo(benchmark, bench_project, tmp_path):
-    pytest.importorskip("trl", reason="TRL is the benchmark's reference: pip install -e '.[bench]' (make bench does)")
+def trl_settings(project) -> dict:
+    """The demo's batch, sampling, clipping and optimizer, for TRL's ``GRPOConfig``."""
     params, optim = FLOW.sample_params, WORKER.optim_cfg
-    settings = {
+    return {
         "prompts": FLOW.global_batch_size,
         "num_generations": FLOW.prompt_repeat_k,
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k,
-        "micro_batch": trl_micro_batch(bench_project),
+        "micro_batch": trl_micro_batch(project),
         "lr": optim.lr,
         "betas": list(optim.betas),
         "eps": optim.eps,
@@ -70,18 +70,22 @@ def test_step_trl_grpo(benchmark, bench_project, tmp_path):
         "cliprange": WORKER.loss_cfg.policy_loss_cfg.cliprange_high,
         "seed": DEMO.seed,
     }
-    result = benchmark.pedantic(
-        run_workload,
-        args=("trl", tmp_path),
-        kwargs={
-            "model_dir": str(bench_project / "data/tiny-qwen3"),
-            "train_file": str(bench_project / "data/arith/train.parquet"),
-            "out_dir": str(tmp_path / "trl"),
-            "steps": STEPS,
-            "settings": settings,
-        },
-        rounds=1,
-        iterations=1,
+
+
+def run_trl(project, out_dir, steps: int) -> dict:
+    return run_workload(
+        "trl",
+        out_dir,
+        model_dir=str(project / "data/tiny-qwen3"),
+        train_file=str(project / "data/arith/train.parquet"),
+        out_dir=str(out_dir / "trl"),
+        steps=steps,
+        settings=trl_settings(project),
     )
+
+
+def test_step_trl_grpo(benchmark, bench_project, tmp_path):
+    pytest.importorskip("trl", reason="TRL is the benchmark's reference: pip install -e '.[bench]' (make bench does)")
+    result = benchmark.pedantic(run_trl, args=(bench_project, tmp_path, STEPS), rounds=1, iterations=1)
     assert len(result["steps"]) == STEPS
-    record("step/trl", {**trl_summary(result), "micro_batch": settings["micro_batch"]})
+    record("step/trl", {**trl_summary(result), "micro_batch": trl_micro_batch(bench_project)})
