@@ -127,12 +127,14 @@ def figures(measured: dict) -> dict:
         found["step"] = {"rlx_s": rlx, "trl_s": trl, "ratio": ratio(rlx, trl), "target": 1.0, "goal": 0.7}
     if "step/rlx" in measured:
         found["overhead"] = {**overhead(measured["step/rlx"]), "target": 0.10}
-        peaks = measured["step/rlx"]["peak_rss_mb"]
+        rss, peaks = measured["step/rlx"]["rss_mb"], measured["step/rlx"]["peak_rss_mb"]
         found["memory_in_steps"] = {
+            "rss_after_step_2_mb": rss[1],
+            "rss_after_last_step_mb": rss[-1],
             "peak_rss_after_step_2_mb": peaks[1],
             "peak_rss_after_last_step_mb": peaks[-1],
-            "last_step": len(peaks),
-            "ratio": ratio(peaks[-1], peaks[1]),
+            "last_step": len(rss),
+            "ratio": ratio(rss[-1], rss[1]),
         }
     for name in ("rollout", "train"):
         if f"{name}/rlx" in measured and f"{name}/bare" in measured:
@@ -242,8 +244,9 @@ def table(results: dict) -> str:
     if "memory_in_steps" in f:
         p = f["memory_in_steps"]
         lines.append(
-            f"| Peak RSS after step 2 → after step {p['last_step']} | {p['peak_rss_after_step_2_mb']:,.0f} → "
-            f"{p['peak_rss_after_last_step_mb']:,.0f} MB | | {p['ratio']:.2f}× | flat (≤ 1.1×): {verdict(p['ratio'] <= 1.1)} |"
+            f"| RSS after step 2 → after step {p['last_step']} (peak: {p['peak_rss_after_step_2_mb']:,.0f} → "
+            f"{p['peak_rss_after_last_step_mb']:,.0f} MB) | {p['rss_after_step_2_mb']:,.0f} → "
+            f"{p['rss_after_last_step_mb']:,.0f} MB | | {p['ratio']:.2f}× | flat (≤ 1.1×): {verdict(p['ratio'] <= 1.1)} |"
         )
     if "overhead" in f:
         parts = sorted(f["overhead"]["median_s"].items(), key=lambda item: -item[1])

@@ -8,7 +8,7 @@ Usage: ``python workloads.py KIND ARGS_JSON OUT_JSON``; ``KIND`` is one of :data
 from __future__ import annotations
 
 import json
-import resource
+import re
 import sys
 import threading
 import time
@@ -16,8 +16,10 @@ from pathlib import Path
 
 
 def peak_rss_mb() -> float:
-    """This process's RSS high-water mark so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This program's RSS high-water mark so far. Not ``getrusage``'s ``ru_maxrss``: Linux carries that
+    over from the forking parent across exec, so a child would start at pytest's size."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE).group(1)) / 1024
 
 
 def rss_mb() -> float:
