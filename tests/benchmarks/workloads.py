@@ -28,6 +28,18 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+def step_mark(step: int, started: float) -> dict:
+    """When a step ended (wall and this process's CPU seconds) and the memory then. CPU time counts
+    every thread of the process and little of the waiting for cores that other processes cause."""
+    return {
+        "step": step,
+        "at_s": time.perf_counter() - started,
+        "cpu_s": time.process_time(),
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_mb": rss_mb(),
+    }
+
+
 class StepWatcher(threading.Thread):
     """Notes when each ``step-N/done.json`` of a run appears (the step's end, as `rlx fit` marks it)
     and the process's memory at that moment, without reaching into the driver."""
@@ -43,14 +55,7 @@ class StepWatcher(threading.Thread):
         step = 1
         while not self.stop.is_set():
             if (self.work_dir / f"step-{step}" / "done.json").is_file():
-                self.marks.append(
-                    {
-                        "step": step,
-                        "at_s": time.perf_counter() - self.started,
-                        "peak_rss_mb": peak_rss_mb(),
-                        "rss_mb": rss_mb(),
-                    }
-                )
+                self.marks.append(step_mark(step, self.started))
                 step += 1
             else:
                 time.sleep(self.poll_s)
@@ -140,14 +145,7 @@ def trl_run(model_dir: str, train_file: str, out_dir: str, steps: int, settings:
 
     class StepEnds(TrainerCallback):
         def on_step_end(self, _args, state, _control, **__):
-            watcher["marks"].append(
-                {
-                    "step": state.global_step,
-                    "at_s": time.perf_counter() - watcher["started"],
-                    "peak_rss_mb": peak_rss_mb(),
-                    "rss_mb": rss_mb(),
-                }
-            )
+            watcher["marks"].append(step_mark(state.global_step, watcher["started"]))
 
     trainer = GRPOTrainer(
         model=model,
