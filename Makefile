@@ -23,9 +23,17 @@ fit: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# Benchmarks (pytest-benchmark), not part of `make test`.
-bench: $(STAMP)
+# Benchmarks (pytest-benchmark), not part of `make test`: they need the `bench` extra (TRL, the
+# reference), write tests/benchmarks/results.json and render README's performance table from it.
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --progress-bar off -c constraints.txt -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-columns=min,median,mean,rounds
+	$(BIN)/python tests/benchmarks/report.py
 
 # On a CUDA machine with the gpu extra installed (pip install -e '.[gpu]'): LMDeploy vs transformers
 # rollout tokens/s and a few bf16 DeepSpeed steps with LMDeploy rollouts. Skipped without a GPU.

@@ -1,0 +1,84 @@
+"""What the benchmarks share: the demo's settings and batch, child-process workloads, the results file.
+
+Each benchmark stores its raw measurements with :func:`record`; the session's results are rewritten
+to ``tests/benchmarks/results.json`` (figures and ratios, see :mod:`report`) after each one, so an
+interrupted session still leaves what it measured. (Not a conftest.py: the suite's root conftest is
+imported by name, and a second conftest would shadow it.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PARAMS, child_env
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+import report  # noqa: E402
+
+from rlx.config import load  # noqa: E402
+
+MEASURED: dict = {}
+DEMO = load(PARAMS)
+FLOW, WORKER = DEMO.dataflow_config, DEMO.train_worker_cfg
+
+
+def demo_overrides(steps: int) -> list[str]:
+    """The repo's demo settings (make_project shrinks them for tests), evaluation off, ``steps`` long."""
+    return [
+        "run.step=1",
+        "run.prev=0",
+        f"rollout_steps={steps}",
+        f"dataflow_config.global_batch_size={FLOW.global_batch_size}",
+        f"dataflow_config.prompt_repeat_k={FLOW.prompt_repeat_k}",
+        f"dataflow_config.sample_params.max_tokens={FLOW.sample_params.max_tokens}",
+        f"checkpoint_interval={DEMO.checkpoint_interval}",
+        f"checkpoint_maxkeep={DEMO.checkpoint_maxkeep}",
+        f"hf_interval={DEMO.hf_interval}",
+        "evaluator_config.enable_evaluate=false",
+        "evaluator_config.enable_initial_evaluate=false",
+    ]
+
+
+def record(name: str, value) -> None:
+    """Keep one raw measurement of this session and rewrite the results file with all of them."""
+    MEASURED[name] = value
+    report.write_results(MEASURED, " ".join(["pytest", *sys.argv[1:]]))
+
+
+def run_workload(kind: str, scratch: Path, /, **arguments) -> dict:
+    """Run one workload of ``workloads.py`` in a fresh interpreter and return what it measured
+    (written to a file in ``scratch``)."""
+    out = scratch / f"{kind}-{len(list(scratch.glob(f'{kind}-*.json')))}.json"
+    command = [sys.executable, str(HERE / "workloads.py"), kind, json.dumps(arguments, default=str), str(out)]
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True)
+    assert done.returncode == 0, f"{kind} workload failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return json.loads(out.read_text())
+
+
+def demo_prompts(tiny_model, tokenizer, count: int) -> tuple[list[list[int]], list[str]]:
+    """The first ``count`` demo training prompts, each repeated ``prompt_repeat_k`` times as a rollout
+    repeats them, with their gold answers."""
+    from rlx.data import load_rows, prompt_ids
+
+    cfg, _ = tiny_model
+    k = FLOW.prompt_repeat_k
+    rows = load_rows(cfg.synthetic_task.output_dir / "train.parquet")[:count]
+    prompts = [prompt_ids(tokenizer, row["prompt"]) for row in rows for _ in range(k)]
+    golds = [str(row["reward_model"]["ground_truth"]) for row in rows for _ in range(k)]
+    return prompts, golds
+
+
+def demo_tokenizer(tiny_model):
+    """The demo model's tokenizer set up as rlx's engines set it up (left padding for generation)."""
+    from transformers import AutoTokenizer
+
+    cfg, _ = tiny_model
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tiny_model.output_dir, padding_side="left")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

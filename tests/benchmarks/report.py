@@ -1,0 +1,300 @@
+"""Benchmark figures: raw measurements -> ``results.json`` (figures, ratios, targets, machine) -> README table.
+
+`python tests/benchmarks/report.py` recomputes the figures from the raw measurements in
+``results.json`` and renders README's performance table from them (`make bench` does it after the
+benchmarks).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results.json"
+README = HERE.parents[1] / "README.md"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+FIRST_LOAD = os.getloadavg()
+
+
+# ---- raw measurements, reduced to what the figures need ---------------------------------------
+
+
+def step_intervals(marks: list[dict], clock: str = "at_s", skip: int = 1) -> list[float]:
+    """Wall (or CPU: ``cpu_s``) time of each step after the first ``skip`` (start-up) ones, from when
+    each step ended."""
+    ends = [mark[clock] for mark in marks if clock in mark]
+    return [later - earlier for earlier, later in zip(ends[skip - 1 :], ends[skip:], strict=False)]
+
+
+PHASES = (
+    "time/prepare",
+    "time/rollout",
+    "time/judge",
+    "time/train",
+    "time/train/old_logprob",
+    "time/train/forward_backward",
+    "time/train/optimizer",
+    "time/checkpoint",
+    "time/evaluate",
+    "time/export",
+    "time/dvc",
+    "time/step",
+    "perf/rollout_tokens_per_s",
+    "perf/train_tokens_per_s",
+    "response/response_len/mean",
+)
+
+
+def fit_summary(result: dict, responses_per_step: int) -> dict:
+    """A `rlx fit` workload's warm step times, per-step phase metrics and memory."""
+    return {
+        "warm_step_s": step_intervals(result["steps"]),
+        "warm_step_cpu_s": step_intervals(result["steps"], "cpu_s"),
+        "phases": [
+            {name: value for name, value in metrics.items() if name in PHASES or name.startswith("time/")}
+            for metrics in result["history"]
+        ],
+        "responses_per_step": responses_per_step,
+        "peak_rss_mb": [mark["peak_rss_mb"] for mark in result["steps"]],
+        "rss_mb": [mark["rss_mb"] for mark in result["steps"]],
+        "torch_threads": result["torch_threads"],
+    }
+
+
+def trl_summary(result: dict) -> dict:
+    return {
+        "warm_step_s": step_intervals(result["steps"]),
+        "warm_step_cpu_s": step_intervals(result["steps"], "cpu_s"),
+        "peak_rss_mb": [mark["peak_rss_mb"] for mark in result["steps"]],
+        "torch_threads": result["torch_threads"],
+    }
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+
+def generate_seconds(metrics: dict, responses: int) -> float:
+    """Time spent in generation proper: the rollout stage's tokens over its tokens/s."""
+    if "time/rollout/generate" in metrics:
+        return metrics["time/rollout/generate"]
+    return metrics["response/response_len/mean"] * responses / metrics["perf/rollout_tokens_per_s"]
+
+
+def overhead(fit: dict) -> dict:
+    """Per warm step: step time minus generation, judging and forward/backward/optimizer, as a share of
+    the step (median over warm steps), and the median seconds of every phase outside that core."""
+    shares, rest = [], {}
+    for metrics in fit["phases"][1:]:
+        core = (
+            generate_seconds(metrics, fit["responses_per_step"])
+            + metrics["time/judge"]
+            + metrics["time/train/forward_backward"]
+            + metrics["time/train/optimizer"]
+        )
+        shares.append((metrics["time/step"] - core) / metrics["time/step"])
+        outside = {
+            "rollout outside generate": metrics["time/rollout"] - generate_seconds(metrics, fit["responses_per_step"]),
+            "train: old log-probs": metrics["time/train/old_logprob"],
+            "checkpoint": metrics["time/checkpoint"],
+            "train: rest": metrics["time/train"]
+            - metrics["time/checkpoint"]
+            - sum(metrics[f"time/train/{p}"] for p in ("old_logprob", "forward_backward", "optimizer")),
+            **{name.removeprefix("time/"): metrics[name] for name in ("time/prepare", "time/evaluate", "time/export")},
+            "dvc": metrics["time/dvc"],
+        }
+        stages = sum(metrics[f"time/{s}"] for s in ("prepare", "rollout", "judge", "train", "evaluate", "export"))
+        outside["driver (between stages)"] = metrics["time/step"] - stages - metrics["time/dvc"]
+        for name, value in outside.items():
+            rest.setdefault(name, []).append(value)
+    return {
+        "median_share": statistics.median(shares),
+        "shares": shares,
+        "median_s": {name: statistics.median(values) for name, values in rest.items()},
+    }
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+def figures(measured: dict) -> dict:
+    found = {}
+    if "step/rlx" in measured and "step/trl" in measured:
+        rlx, trl = (statistics.median(measured[f"step/{n}"]["warm_step_s"]) for n in ("rlx", "trl"))
+        found["step"] = {"rlx_s": rlx, "trl_s": trl, "ratio": ratio(rlx, trl), "target": 1.0, "goal": 0.7}
+        cpu = [measured[f"step/{n}"].get("warm_step_cpu_s") for n in ("rlx", "trl")]
+        if all(cpu):
+            rlx_cpu, trl_cpu = (statistics.median(c) for c in cpu)
+            found["step"].update(rlx_cpu_s=rlx_cpu, trl_cpu_s=trl_cpu, cpu_ratio=ratio(rlx_cpu, trl_cpu))
+    if "step/rlx" in measured:
+        found["overhead"] = {**overhead(measured["step/rlx"]), "target": 0.10}
+        rss, peaks = measured["step/rlx"]["rss_mb"], measured["step/rlx"]["peak_rss_mb"]
+        found["memory_in_steps"] = {
+            "rss_after_step_2_mb": rss[1],
+            "rss_after_last_step_mb": rss[-1],
+            "peak_rss_after_step_2_mb": peaks[1],
+            "peak_rss_after_last_step_mb": peaks[-1],
+            "last_step": len(rss),
+            "ratio": ratio(rss[-1], rss[1]),
+        }
+    for name in ("rollout", "train"):
+        if f"{name}/rlx" in measured and f"{name}/bare" in measured:
+            rlx, bare = (measured[f"{name}/{n}"] for n in ("rlx", "bare"))
+            # Identical rounds: the fastest is the one least disturbed by other load on the machine.
+            speed = {n: m["tokens"] / min(m["seconds"]) for n, m in (("rlx", rlx), ("bare", bare))}
+            found[name] = {
+                "rlx_tokens_per_s": speed["rlx"],
+                "bare_tokens_per_s": speed["bare"],
+                "ratio": ratio(speed["rlx"], speed["bare"]),
+                "target": 0.95 if name == "rollout" else 0.9,
+            }
+    scaling = {name.removeprefix("scaling/"): m for name, m in measured.items() if name.startswith("scaling/")}
+    if scaling:
+        found["scaling"] = {
+            name: {"step_s": statistics.median(m["warm_step_s"]), "peak_rss_mb": max(m["peak_rss_mb"])}
+            for name, m in scaling.items()
+        }
+    budget = {name.removeprefix("train_memory/"): m for name, m in measured.items() if name.startswith("train_memory/")}
+    if budget:
+        found["train_memory"] = {
+            name: {"peak_rise_mb": m["peak_rss_mb"] - m["baseline_peak_rss_mb"], "micro_batches": m["micro_batches"]}
+            for name, m in budget.items()
+        }
+    return found
+
+
+# ---- the results file -------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.MULTILINE)
+        cpu = names[0] if names else cpu
+    versions = {}
+    for package in ("torch", "transformers", "deepspeed", "trl"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        **versions,
+        "load_average_at_start": FIRST_LOAD,
+        "load_average_now": os.getloadavg(),
+    }
+
+
+def write_results(measured: dict, command: str) -> None:
+    results = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "machine": machine(),
+        "figures": figures(measured),
+        "measured": measured,
+    }
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.replace(RESULTS)
+
+
+# ---- the README table -------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def table(results: dict) -> str:
+    f, m = results["figures"], results["machine"]
+    lines = [
+        f"Measured {results['date'][:10]} on {m['cpu']} ({m['cores']} cores, load average "
+        f"{m['load_average_at_start'][0]:.1f} at the start), torch {m['torch']}, transformers {m['transformers']}, "
+        f"DeepSpeed {m['deepspeed']}, TRL {m['trl']}; `make bench` ({results['command']}).",
+        "",
+        "| Measure | rlx | Reference | rlx / reference | Target |",
+        "|---|---|---|---|---|",
+    ]
+    if "step" in f:
+        s = f["step"]
+        lines.append(
+            f"| Warm step, demo (16 prompts × 8 × 32 tokens) | {s['rlx_s']:.2f} s | TRL `GRPOTrainer` {s['trl_s']:.2f} s "
+            f"| {s['ratio']:.2f}× | ≤ 1.0× (goal 0.7×): {verdict(s['ratio'] <= 1.0)} |"
+        )
+        if "cpu_ratio" in s:
+            lines.append(
+                f"| ... in CPU seconds (all threads) | {s['rlx_cpu_s']:.2f} s | {s['trl_cpu_s']:.2f} s "
+                f"| {s['cpu_ratio']:.2f}× | |"
+            )
+    if "rollout" in f:
+        r = f["rollout"]
+        lines.append(
+            f"| Rollout tokens/s (128 responses) | {r['rlx_tokens_per_s']:,.0f} | bare `model.generate` "
+            f"{r['bare_tokens_per_s']:,.0f} | {r['ratio']:.2f}× | ≥ 0.95×: {verdict(r['ratio'] >= 0.95)} |"
+        )
+    if "train" in f:
+        t = f["train"]
+        lines.append(
+            f"| Train tokens/s (one update) | {t['rlx_tokens_per_s']:,.0f} | bare torch loop {t['bare_tokens_per_s']:,.0f} "
+            f"| {t['ratio']:.2f}× | ≥ 0.9×: {verdict(t['ratio'] >= 0.9)} |"
+        )
+    if "overhead" in f:
+        o = f["overhead"]
+        lines.append(
+            f"| Orchestration overhead (median share of a warm step) | {o['median_share']:.0%} | | "
+            f"| ≤ 10 %: {verdict(o['median_share'] <= 0.10)} |"
+        )
+    if "memory_in_steps" in f:
+        p = f["memory_in_steps"]
+        lines.append(
+            f"| RSS after step 2 → after step {p['last_step']} (peak: {p['peak_rss_after_step_2_mb']:,.0f} → "
+            f"{p['peak_rss_after_last_step_mb']:,.0f} MB) | {p['rss_after_step_2_mb']:,.0f} → "
+            f"{p['rss_after_last_step_mb']:,.0f} MB | | {p['ratio']:.2f}× | flat (≤ 1.1×): {verdict(p['ratio'] <= 1.1)} |"
+        )
+    if "overhead" in f:
+        parts = sorted(f["overhead"]["median_s"].items(), key=lambda item: -item[1])
+        lines += [
+            "",
+            "Outside the core (median seconds per warm step): " + ", ".join(f"{n} {v:.2f}" for n, v in parts) + ".",
+        ]
+    if "scaling" in f:
+        lines += ["", "| Scaling (prompts × 8 responses, tokens each) | Warm step | Peak RSS |", "|---|---|---|"]
+        for name, s in f["scaling"].items():
+            lines.append(f"| {name} | {s['step_s']:.2f} s | {s['peak_rss_mb']:,.0f} MB |")
+    if "train_memory" in f:
+        lines += [
+            "",
+            "| One update, 128 responses (tokens each, token budget) | Micro-batches | Peak RSS rise |",
+            "|---|---|---|",
+        ]
+        for name, s in f["train_memory"].items():
+            lines.append(f"| {name} | {s['micro_batches']} | {s['peak_rise_mb']:,.0f} MB |")
+    return "\n".join(lines)
+
+
+def render_readme(results: dict, readme: Path = README) -> None:
+    """Replace the text between README's bench markers with the table."""
+    text = readme.read_text()
+    if START not in text or END not in text:
+        sys.exit(f"{readme}: no {START} ... {END} markers to fill")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{table(results)}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    saved = json.loads(RESULTS.read_text())
+    saved["figures"] = figures(saved["measured"])  # the figures always follow from the raw measurements
+    RESULTS.write_text(json.dumps(saved, indent=1) + "\n")
+    render_readme(saved)
