@@ -1,7 +1,7 @@
 """Stage ``train``: one policy update from the step's judged rollouts.
 
 Old log-probs are recomputed by the training engine (the rollout engine's are kept to measure the
-mismatch), the step's samples are split into ``optimizer_steps`` mini-batches, each cut into
+mismatch; with a single update per batch they come from the loss's own forward), the step's samples are split into ``optimizer_steps`` mini-batches, each cut into
 micro-batches that fit the ``pack_max_length`` token budget, and each mini-batch ends in one
 DeepSpeed optimizer step. Outputs the next policy (``step-N/policy``) and optimizer state
 (``step-N/trainer_state``).
@@ -51,7 +51,7 @@ class Micro:
 
     indices: list[int]
     batch: TokenBatch
-    old_logp: torch.Tensor
+    old_logp: torch.Tensor | None  # None until the loss's own forward, for a batch's only update
     rollout_logp: torch.Tensor
     ref_logp: torch.Tensor | None
     share: float  # its samples / its mini-batch's samples
@@ -64,6 +64,8 @@ class Micro:
 def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, norm_length: int):
     """The micro-batch's share of its mini-batch loss, and its metrics (scalars, zero for a repeat)."""
     logp, entropy = token_logprobs(trainer.module, micro.batch, temperature)
+    if micro.old_logp is None:  # the batch's only update: the policy has not moved yet (see reuses_old_logprobs)
+        micro.old_logp = logp.detach()
     mask = micro.batch.mask
     options = {"global_tokens": micro.mini_tokens, "norm_length": norm_length}
     # token-mean divides by the mini-batch's token count itself; the per-sequence modes need weighting.
@@ -111,9 +113,21 @@ def trained_tokens(row: dict, loss_cfg: LossConfig) -> int:
     return 0 if loss_cfg.mask_truncated and row["finish_reason"] == "length" else row["response_len"]
 
 
+def reuses_old_logprobs(config: RLTrainerConfig) -> bool:
+    """With one optimizer step per batch, the old log-probs are the live ones detached, so the loss's
+    forward gives them and the separate no-grad pass is skipped (as verl and TRL do) -- unless the
+    advantages need them first (KL in the reward, rollout-mismatch correction)."""
+    worker = config.train_worker_cfg
+    return (
+        worker.optimizer_steps == 1
+        and not config.advantage_estimator_config.use_kl_in_reward
+        and not worker.loss_cfg.rollout_correction.enabled
+    )
+
+
 def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer, engines) -> list[list[Micro]]:
-    """This rank's micro-batches of each mini-batch, with the old (and reference) log-probs computed
-    before any update, and each mini-batch's token count over all ranks (for token-mean)."""
+    """This rank's micro-batches of each mini-batch, with the old (unless reused) and reference
+    log-probs computed before any update, and each mini-batch's token count over all ranks."""
     worker, loss_cfg = config.train_worker_cfg, config.train_worker_cfg.loss_cfg
     temperature = config.dataflow_config.sample_params.temperature or 1.0
     needs_reference = loss_cfg.use_kl_loss or config.advantage_estimator_config.use_kl_in_reward
@@ -135,12 +149,12 @@ def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer
             if loss_cfg.mask_truncated:
                 kept = torch.tensor([rollouts[i]["finish_reason"] != "length" for i in indices], dtype=batch.mask.dtype)
                 batch.mask = batch.mask * kept.unsqueeze(-1)
-            old = trainer.logprobs(batch, temperature)
+            old = None if reuses_old_logprobs(config) else trainer.logprobs(batch, temperature)
             ref = None
             if needs_reference:
                 with torch.no_grad():
                     ref = token_logprobs(engines.reference, batch, temperature)[0]
-            rollout = rollout_logprobs(rollouts, indices, old)
+            rollout = rollout_logprobs(rollouts, indices, batch.mask)
             padding = position * ranks + me >= len(everyone)  # a repeat that only keeps the ranks in step
             micros.append(
                 Micro(indices, batch, old, rollout, ref, len(indices) / len(mini), tokens, 0.0 if padding else 1.0)
