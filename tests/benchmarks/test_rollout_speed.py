@@ -12,7 +12,7 @@ from harness import demo_prompts, demo_tokenizer, record
 from conftest import PARAMS
 from rlx.config import load
 from rlx.engines import load_policy
-from rlx.rollout import generate
+from rlx.rollout import TransformersSampler
 from rlx.rollout.transformers_backend import generation_kwargs, stop_ids
 
 DEMO = load(PARAMS)
@@ -42,7 +42,7 @@ def test_rollout_rlx(benchmark, batch):
     params = DEMO.dataflow_config.sample_params
 
     def rollout():
-        return generate(DEMO.rollout_config, model, tokenizer, prompts, params, seed=SEED)
+        return TransformersSampler(model, tokenizer, DEMO.rollout_config).generate(prompts, params, seed=SEED)
 
     outputs = benchmark.pedantic(rollout, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     tokens = sum(len(out.response_ids) for out in outputs)

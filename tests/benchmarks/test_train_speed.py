@@ -18,7 +18,7 @@ from conftest import PARAMS
 from rlx.config import load
 from rlx.engines import load_policy
 from rlx.judgers import get
-from rlx.rollout import generate
+from rlx.rollout import TransformersSampler
 from rlx.rollout.transformers_backend import stop_ids
 from rlx.trainer import PolicyTrainer
 
@@ -34,7 +34,8 @@ def update(tiny_model):
     tokenizer = demo_tokenizer(tiny_model)
     prompts, golds = demo_prompts(tiny_model, tokenizer, DEMO.dataflow_config.global_batch_size)
     params = DEMO.dataflow_config.sample_params
-    outputs = generate(DEMO.rollout_config, load_policy(model_dir), tokenizer, prompts, params, seed=0)
+    sampler = TransformersSampler(load_policy(model_dir), tokenizer, DEMO.rollout_config)
+    outputs = sampler.generate(prompts, params, seed=0)
     judger = get("arith")
     rewards = torch.tensor([judger.score(out.text, gold) for out, gold in zip(outputs, golds, strict=True)])
     rows = rollout_rows(prompts, [out.response_ids for out in outputs], set(stop_ids(tokenizer, params)))
