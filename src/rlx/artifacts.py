@@ -17,6 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlx import faults
+
 
 def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -29,6 +31,7 @@ def write_rows(rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None 
     table = pa.Table.from_pylist(rows, schema=schema)
     tmp = _temporary(path)
     pq.write_table(table, tmp)
+    faults.point("artifact.rename")
     os.replace(tmp, path)
     return path
 
@@ -37,11 +40,26 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
-def write_json(data: Any, path: Path) -> Path:
+def write_text(text: str, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(text)
+    faults.point("artifact.rename")
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(data: Any, path: Path) -> Path:
+    return write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", path)
+
+
+def copy_file(source: Path, path: Path) -> Path:
+    """Copy ``source`` to ``path`` (contents and times) through a temporary name."""
+    path = Path(path)
+    tmp = _temporary(path)
+    shutil.copy2(source, tmp)
+    faults.point("artifact.rename")
     os.replace(tmp, path)
     return path
 
@@ -63,6 +81,18 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    faults.point("artifact.rename")
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)
+
+
+def remove_temporaries(folder: Path) -> None:
+    """Delete what killed writers left under their temporary names in ``folder`` and its subfolders (one
+    level: a writer's temporary sits beside its target). Only for a folder no other process writes to."""
+    folder = Path(folder)
+    for leftover in [*folder.glob(".*.tmp-*"), *folder.glob("*/.*.tmp-*")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)

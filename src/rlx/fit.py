@@ -5,9 +5,10 @@ The driver is not a second pipeline: it calls the same ``run_stage`` that `rlx s
 step it commits the step to DVC, so the lock records exactly what ``dvc repro`` would have, and keeps
 a copy of that lock in the step's folder for per-step lineage.
 
-Resume: a step is finished when ``step-N/done.json`` exists, a stage when its metrics file does. A
-rerun skips both and redoes only what was interrupted; every stage is deterministic in its inputs
-and the run's seed, so the result equals an uninterrupted run.
+Resume: a step is finished when ``step-N/done.json`` exists, a stage when its metrics file does and
+its outputs are intact. A rerun skips both and redoes only what was interrupted (or found damaged,
+and what follows it in its step); every stage is deterministic in its inputs and the run's seed, so
+the result equals an uninterrupted run, wherever the run was killed (tests/test_resume.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from ruamel.yaml import YAML
 
-from rlx.artifacts import read_json, write_json
+from rlx import faults, worklock
+from rlx.artifacts import copy_file, read_json, remove_temporaries, write_json, write_text
 from rlx.config import RLTrainerConfig, RunPointer, apply_override, load, to_yaml
 from rlx.engines import Engines
 from rlx.errors import UserError
@@ -61,6 +63,7 @@ def dvc_commit(root: Path) -> None:
         for info in infos:
             info.stage.save()
             info.stage.commit(filter_info=info.filter_info)
+        faults.point("dvc.commit")
         infos[0].stage.dvcfile.dump_stages([info.stage for info in infos], update_pipeline=False)
 
 
@@ -83,14 +86,18 @@ def ensure_inputs(config: RLTrainerConfig) -> None:
         raise UserError(f"bringing the run's inputs up to date failed (`dvc repro {' '.join(targets)}`)")
 
 
-def first_step_to_run(config: RLTrainerConfig, layout: RunLayout) -> int:
-    done = layout.completed_steps()
+def first_step_to_run(config: RLTrainerConfig, engines: Engines) -> int:
+    """The step after the last finished one, or that one again if an output of it was damaged since
+    (the next step reads its policy and optimizer state)."""
+    done = engines.layout.completed_steps()
     if done and not config.auto_resume:
         raise UserError(
             f"work_dir {config.work_dir} already holds a run (steps up to {done[-1]}); set auto_resume: true "
             "to continue it or choose another work_dir"
         )
-    return done[-1] + 1 if done else 1
+    if not done:
+        return 1
+    return done[-1] + 1 if all(is_complete(name, done[-1], engines) for name in ITERATION) else done[-1]
 
 
 def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
@@ -110,13 +117,14 @@ def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> 
 
 
 def run_step(config: RLTrainerConfig, step: int, engines: Engines) -> dict:
-    """Every stage of one step that is not yet complete; returns the step's merged metrics."""
-    metrics = {}
+    """Every stage of one step from the first one not complete on; returns the step's merged metrics."""
+    metrics, rerun = {}, False
     for name in ITERATION:
-        if is_complete(name, step, engines):
-            refresh_curves(name, config, step, engines)
-        else:
+        rerun = rerun or not is_complete(name, step, engines)
+        if rerun:
             run_stage(name, config, step, engines)
+        else:
+            refresh_curves(name, config, step, engines)
         metrics.update(read_json(engines.layout.step(step).metrics(name)))
     return metrics
 
@@ -139,7 +147,7 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
     Paths in params.yaml are relative to its folder (as for `dvc repro`), so the run happens there.
     """
     params = Path(params).resolve()
-    with contextlib.chdir(params.parent):
+    with contextlib.chdir(params.parent), worklock.hold(load(params, overrides).work_dir):
         return fit_here(params, overrides, console or Console())
 
 
@@ -153,11 +161,12 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
     engines = Engines(config)
     layout = engines.layout
     total = engines.total_steps
-    start = first_step_to_run(config, layout)
+    remove_temporaries(layout.work_dir)
+    start = first_step_to_run(config, engines)
     if config.debug_rollout:
         return [debug_rollout(config, params, start, engines, console)]
     layout.work_dir.mkdir(parents=True, exist_ok=True)
-    layout.config.write_text(to_yaml(config.model_copy(update={"run": RunPointer()})))
+    write_text(to_yaml(config.model_copy(update={"run": RunPointer()})), layout.config)
     tracker = Tracker(config, first_step=0 if start == 1 else start)
     history = []
     try:
@@ -182,11 +191,13 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
                 metrics = run_step(config, step, engines)
                 dvc_started = time.perf_counter()
                 dvc_commit(root)
-                shutil.copy2(root / "dvc.lock", layout.step(step).lock)
+                copy_file(root / "dvc.lock", layout.step(step).lock)
+                faults.point("step.commit")
                 metrics["time/dvc"] = time.perf_counter() - dvc_started
                 metrics["time/step"] = time.perf_counter() - started
                 tracker.log(step, metrics)
                 write_json(metrics, layout.step(step).done)
+                faults.point("step.prune")
                 prune_checkpoints(config, layout, step)
                 history.append(metrics)
                 progress.update(task, advance=1, description=describe(metrics))

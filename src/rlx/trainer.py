@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlx import faults
 from rlx.artifacts import atomic_dir, read_json, write_json
 from rlx.config import LRConfig, WorkerConfig
 
@@ -137,6 +138,7 @@ class PolicyTrainer:
     def optimizer_step(self) -> dict[str, float]:
         """Apply the accumulated gradients (clipped by DeepSpeed); return grad norm and the LR used."""
         lr = self.scheduler.get_last_lr()[0]
+        faults.point("train.optimizer_step")
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
@@ -147,6 +149,7 @@ class PolicyTrainer:
         with atomic_dir(policy_dir) as tmp:
             self.engine.module.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
+        faults.point("train.save")
         with atomic_dir(state_dir) as tmp:
             self.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
             write_json({"global_steps": self.engine.global_steps, "extra": extra}, tmp / "state.json")
