@@ -61,11 +61,12 @@ def record_outputs(name: str, paths) -> None:
 
 def damaged_output(name: str, paths) -> str | None:
     """Why a stage that finished cannot be trusted (an output missing or changed since), or None."""
-    try:
-        read_json(paths.metrics(name))
-        recorded = read_json(paths.outputs(name))
-    except (OSError, ValueError) as exc:
-        return f"{exc.filename or paths.outputs(name)}: unreadable record of the stage ({exc.__class__.__name__})"
+    for record in (paths.metrics(name), paths.outputs(name)):
+        try:
+            read_json(record)
+        except (OSError, ValueError):
+            return f"{record}: missing or unreadable"
+    recorded = read_json(paths.outputs(name))
     for out in module(name).outputs(paths):
         if not out.exists():
             return f"{out}: missing"
