@@ -144,6 +144,19 @@ def test_a_damaged_artifact_is_redone_with_what_follows_it(relative, partway, re
     assert dvc_status(project) == {}
 
 
+def test_a_dvc_lock_cut_short_is_restored_from_the_last_step(partway, reference, tmp_path):
+    """DVC rewrites dvc.lock in place; a run killed during that write leaves it cut short."""
+    project = Path(shutil.copytree(partway, tmp_path / "project", symlinks=True))
+    lock = project / "dvc.lock"
+    text = lock.read_text()
+    lock.write_text(text[: text.index("outs:", len(text) // 2) + len("outs:")])
+    done = fit(project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dvc.lock is unreadable (a run killed while DVC wrote it?); restored from step 1" in done.stderr
+    assert final_policy(project) == reference
+    assert dvc_status(project) == {}
+
+
 def test_a_second_fit_on_a_busy_work_dir_is_refused(pristine, tmp_path):
     """The refusal names the running process; a lock left by a killed run is taken over (the chains above)."""
     project = fresh_copy(pristine, tmp_path)

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from ruamel.yaml import YAML
@@ -33,6 +34,8 @@ from rlx.errors import UserError
 from rlx.layout import RunLayout
 from rlx.stages import ITERATION, STAGES, is_complete, refresh_curves, run_stage
 from rlx.tracking import Tracker
+
+log = logging.getLogger(__name__)
 
 
 def edit_params(path: Path, overrides: list[str]) -> None:
@@ -65,6 +68,27 @@ def dvc_commit(root: Path) -> None:
             info.stage.commit(filter_info=info.filter_info)
         faults.point("dvc.commit")
         infos[0].stage.dvcfile.dump_stages([info.stage for info in infos], update_pipeline=False)
+
+
+def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
+    """DVC rewrites dvc.lock in place: a run killed during that write leaves it unreadable. Put back the
+    copy kept by the last finished step; the next step's commit records what came after it."""
+    from dvc.schema import COMPILED_LOCKFILE_SCHEMA
+    from voluptuous import Invalid
+
+    lock = root / "dvc.lock"
+    try:
+        COMPILED_LOCKFILE_SCHEMA(yaml.safe_load(lock.read_text()))  # as DVC checks it when it loads it
+        return
+    except FileNotFoundError:
+        return
+    except (yaml.YAMLError, Invalid):
+        pass
+    done = layout.completed_steps()
+    if not done:
+        raise UserError(f"{lock} is unreadable (a run killed while DVC wrote it?) and no finished step kept a copy")
+    log.warning("%s is unreadable (a run killed while DVC wrote it?); restored from step %d", lock, done[-1])
+    copy_file(layout.step(done[-1]).lock, lock)
 
 
 INPUT_STAGES = ["convert_gsm8k", "convert_math500"]  # cheap: the public sets in rlx's row shape
@@ -157,6 +181,7 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
         edit_params(params, overrides)
     root = params.parent
     config = load(params)
+    repair_dvc_lock(root, RunLayout(config.work_dir))
     ensure_inputs(config)
     engines = Engines(config)
     layout = engines.layout
