@@ -32,7 +32,7 @@ from rlx.config import RLTrainerConfig, RunPointer, apply_override, load, to_yam
 from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.layout import RunLayout
-from rlx.stages import ITERATION, STAGES, is_complete, refresh_curves, run_stage
+from rlx.stages import ITERATION, STAGES, damaged_output, is_complete, refresh_curves, run_stage
 from rlx.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,8 @@ def first_step_to_run(config: RLTrainerConfig, engines: Engines) -> int:
         )
     if not done:
         return 1
-    return done[-1] + 1 if all(is_complete(name, done[-1], engines) for name in ITERATION) else done[-1]
+    last = engines.layout.step(done[-1])
+    return done[-1] + 1 if all(damaged_output(name, last) is None for name in ITERATION) else done[-1]
 
 
 def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
