@@ -35,14 +35,14 @@ FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
 
 # Chains list points in the order a run reaches them, so that each rerun does reach its point.
 CHAINS = {
-    "step-1": [
+    "every-point": [
         *(f"{stage}.{when}" for stage in ("base", "prepare", "rollout", "judge") for when in ("start", "metrics")),
         *("train.start", "train.optimizer_step", "train.save", "train.metrics"),
         *("evaluate.start", "evaluate.metrics", "export.start", "export.metrics"),
         *("dvc.commit", "step.commit", "step.prune"),
+        # step 2, the last: it evaluates, exports and prunes
+        *("rollout.start", "train.save", "evaluate.metrics", "export.copy", "step.commit"),
     ],
-    # Step 2 evaluates, exports and prunes; the chain starts once step 1 is done.
-    "step-2": ["step.prune", "rollout.start", "train.save", "evaluate.metrics", "export.copy", "step.commit"],
     # A seeded sample of occurrences of the point every artifact write passes (written, not yet renamed).
     # Each run writes at most 11 artifacts before it is killed: the chain ends well before the run does.
     "random-writes": [f"artifact.rename@{n}" for n in random.Random(9).sample(range(1, 12), 3)],
