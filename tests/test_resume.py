@@ -40,8 +40,7 @@ CHAINS = {
         *("train.start", "train.optimizer_step", "train.save", "train.metrics"),
         *("evaluate.start", "evaluate.metrics", "export.start", "export.metrics"),
         *("dvc.commit", "step.commit", "step.prune"),
-        # step 2, the last: it evaluates, exports and prunes
-        *("rollout.start", "train.save", "evaluate.metrics", "export.copy", "step.commit"),
+        *("evaluate.metrics", "export.copy"),  # step 2, the last, evaluates and exports for real
     ],
     # A seeded sample of occurrences of the point every artifact write passes (written, not yet renamed).
     # Each run writes at most 11 artifacts before it is killed: the chain ends well before the run does.
