@@ -128,19 +128,23 @@ def test_a_damaged_artifact_is_redone_with_what_follows_it(relative, partway, re
     data = file.read_bytes()
     file.unlink()  # a new file: the workspace copy may share its inode with DVC's cache
     file.write_bytes(damage(data))
-    written = {name: RunLayout(work_dir).step(step).metrics(name).stat().st_mtime_ns for name in ITERATION}
+    written = metrics_times(RunLayout(work_dir).step(step))
 
     done = fit(project)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{Path('runs/demo') / relative}: " in done.stderr and f"stage {stage} of step {step} runs again" in (
         done.stderr
     )
-    rewritten = {
-        name for name in ITERATION if RunLayout(work_dir).step(step).metrics(name).stat().st_mtime_ns != written[name]
-    }
+    after = metrics_times(RunLayout(work_dir).step(step))
+    rewritten = {name for name in ITERATION if after[name] != written[name]}
     assert rewritten == set(ITERATION[ITERATION.index(stage) :])
     assert final_policy(project) == reference
     assert dvc_status(project) == {}
+
+
+def metrics_times(paths) -> dict:
+    """When each stage of a step last wrote its metrics (None: not yet)."""
+    return {name: p.stat().st_mtime_ns if (p := paths.metrics(name)).is_file() else None for name in ITERATION}
 
 
 def test_a_dvc_lock_cut_short_is_restored_from_the_last_step(partway, reference, tmp_path):
