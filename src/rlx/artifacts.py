@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlx import faults
 from rlx.errors import UserError
 
 
@@ -49,6 +50,13 @@ def _cleaned_on_failure(tmp: Path, path: Path) -> Iterator[None]:
         raise
 
 
+def _put_in_place(tmp: Path, path: Path) -> Path:
+    """The rename that publishes a finished temporary under its real name."""
+    faults.point("artifact.rename")
+    os.replace(tmp, path)
+    return path
+
+
 def write_rows(rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None = None) -> Path:
     """Write a list of row dicts as parquet (an empty list needs ``schema``)."""
     path = Path(path)
@@ -57,22 +65,33 @@ def write_rows(rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None 
     tmp = _temporary(path)
     with _cleaned_on_failure(tmp, path):
         pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return path
+    return _put_in_place(tmp, path)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
-def write_json(data: Any, path: Path) -> Path:
+def write_text(text: str, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     with _cleaned_on_failure(tmp, path):
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-    return path
+        tmp.write_text(text)
+    return _put_in_place(tmp, path)
+
+
+def write_json(data: Any, path: Path) -> Path:
+    return write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", path)
+
+
+def copy_file(source: Path, path: Path) -> Path:
+    """Copy ``source`` to ``path`` (contents and times) through a temporary name."""
+    path = Path(path)
+    tmp = _temporary(path)
+    with _cleaned_on_failure(tmp, path):
+        shutil.copy2(source, tmp)
+    return _put_in_place(tmp, path)
 
 
 def read_json(path: Path) -> Any:
@@ -89,6 +108,18 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp.mkdir()
     with _cleaned_on_failure(tmp, path):
         yield tmp
+    faults.point("artifact.rename")
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)
+
+
+def remove_temporaries(folder: Path) -> None:
+    """Delete what killed writers left under their temporary names in ``folder`` and its subfolders (one
+    level: a writer's temporary sits beside its target). Only for a folder no other process writes to."""
+    folder = Path(folder)
+    for leftover in [*folder.glob(".*.tmp-*"), *folder.glob("*/.*.tmp-*")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)

@@ -95,7 +95,9 @@ def config_schema(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        from rlx.artifacts import write_text
+
+        write_text(text, output)
         err_console.print(f"schema written to {output}")
 
 

@@ -5,9 +5,10 @@ The driver is not a second pipeline: it calls the same ``run_stage`` that `rlx s
 step it commits the step to DVC, so the lock records exactly what ``dvc repro`` would have, and keeps
 a copy of that lock in the step's folder for per-step lineage.
 
-Resume: a step is finished when ``step-N/done.json`` exists, a stage when its metrics file does. A
-rerun skips both and redoes only what was interrupted; every stage is deterministic in its inputs
-and the run's seed, so the result equals an uninterrupted run.
+Resume: a step is finished when ``step-N/done.json`` exists, a stage when its metrics file does and
+its outputs are intact. A rerun skips both and redoes only what was interrupted (or found damaged,
+and what follows it in its step); every stage is deterministic in its inputs and the run's seed, so
+the result equals an uninterrupted run, wherever the run was killed (tests/test_resume.py).
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from ruamel.yaml import YAML
 
-from rlx.artifacts import read_json, write_json
+from rlx import faults, worklock
+from rlx.artifacts import copy_file, read_json, remove_temporaries, write_json, write_text
 from rlx.config import RLTrainerConfig, RunPointer, apply_override, load, to_yaml
 from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.layout import RunLayout
-from rlx.stages import ITERATION, STAGES, is_complete, refresh_curves, run_stage
+from rlx.stages import ITERATION, STAGES, damaged_output, is_complete, refresh_curves, run_stage
 from rlx.tracking import Tracker
+
+log = logging.getLogger(__name__)
 
 
 def edit_params(path: Path, overrides: list[str]) -> None:
@@ -65,6 +70,7 @@ def dvc_commit(root: Path) -> None:
         for stage in stages:
             stage.save()
             stage.commit()
+        faults.point("dvc.commit")
         dvcfile.dump_stages(stages, update_pipeline=False)
 
 
@@ -74,8 +80,30 @@ def record_step(params: Path, layout: RunLayout, step: int) -> float:
     started = time.perf_counter()
     point_at_step(params, step)
     dvc_commit(params.parent)
-    shutil.copy2(params.parent / "dvc.lock", layout.step(step).lock)
+    copy_file(params.parent / "dvc.lock", layout.step(step).lock)
+    faults.point("step.commit")
     return time.perf_counter() - started
+
+
+def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
+    """DVC rewrites dvc.lock in place: a run killed during that write leaves it unreadable. Put back the
+    copy kept by the last finished step; the next step's commit records what came after it."""
+    from dvc.schema import COMPILED_LOCKFILE_SCHEMA
+    from voluptuous import Invalid
+
+    lock = root / "dvc.lock"
+    try:
+        COMPILED_LOCKFILE_SCHEMA(yaml.safe_load(lock.read_text()))  # as DVC checks it when it loads it
+        return
+    except FileNotFoundError:
+        return
+    except (yaml.YAMLError, Invalid):
+        pass
+    done = layout.completed_steps()
+    if not done:
+        raise UserError(f"{lock} is unreadable (a run killed while DVC wrote it?) and no finished step kept a copy")
+    log.warning("%s is unreadable (a run killed while DVC wrote it?); restored from step %d", lock, done[-1])
+    copy_file(layout.step(done[-1]).lock, lock)
 
 
 INPUT_STAGES = ["convert_gsm8k", "convert_math500"]  # cheap: the public sets in rlx's row shape
@@ -97,14 +125,19 @@ def ensure_inputs(config: RLTrainerConfig) -> None:
         raise UserError(f"bringing the run's inputs up to date failed (`dvc repro {' '.join(targets)}`)")
 
 
-def first_step_to_run(config: RLTrainerConfig, layout: RunLayout) -> int:
-    done = layout.completed_steps()
+def first_step_to_run(config: RLTrainerConfig, engines: Engines) -> int:
+    """The step after the last finished one, or that one again if an output of it was damaged since
+    (the next step reads its policy and optimizer state)."""
+    done = engines.layout.completed_steps()
     if done and not config.auto_resume:
         raise UserError(
             f"work_dir {config.work_dir} already holds a run (steps up to {done[-1]}); set auto_resume: true "
             "to continue it or choose another work_dir"
         )
-    return done[-1] + 1 if done else 1
+    if not done:
+        return 1
+    last = engines.layout.step(done[-1])
+    return done[-1] + 1 if all(damaged_output(name, last) is None for name in ITERATION) else done[-1]
 
 
 def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
@@ -124,13 +157,14 @@ def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> 
 
 
 def run_step(config: RLTrainerConfig, step: int, engines: Engines) -> dict:
-    """Every stage of one step that is not yet complete; returns the step's merged metrics."""
-    metrics = {}
+    """Every stage of one step from the first one not complete on; returns the step's merged metrics."""
+    metrics, rerun = {}, False
     for name in ITERATION:
-        if is_complete(name, step, engines):
-            refresh_curves(name, config, step, engines)
-        else:
+        rerun = rerun or not is_complete(name, step, engines)
+        if rerun:
             run_stage(name, config, step, engines)
+        else:
+            refresh_curves(name, config, step, engines)
         metrics.update(read_json(engines.layout.step(step).metrics(name)))
     return metrics
 
@@ -153,7 +187,7 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
     Paths in params.yaml are relative to its folder (as for `dvc repro`), so the run happens there.
     """
     params = Path(params).resolve()
-    with contextlib.chdir(params.parent):
+    with contextlib.chdir(params.parent), worklock.hold(load(params, overrides).work_dir):
         return fit_here(params, overrides, console or Console())
 
 
@@ -162,15 +196,17 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
         load(params, overrides)  # validate before touching the file
         edit_params(params, overrides)
     config = load(params)
+    repair_dvc_lock(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
     engines = Engines(config)
     layout = engines.layout
     total = engines.total_steps
-    start = first_step_to_run(config, layout)
+    remove_temporaries(layout.work_dir)
+    start = first_step_to_run(config, engines)
     if config.debug_rollout:
         return [debug_rollout(config, params, start, engines, console)]
     layout.work_dir.mkdir(parents=True, exist_ok=True)
-    layout.config.write_text(to_yaml(config.model_copy(update={"run": RunPointer()})))
+    write_text(to_yaml(config.model_copy(update={"run": RunPointer()})), layout.config)
     tracker = Tracker(config, first_step=0 if start == 1 else start)
     history = []
     try:
@@ -198,6 +234,7 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
                 metrics["time/step"] += metrics["time/dvc"]
                 tracker.log(step, metrics)
                 write_json(metrics, layout.step(step).done)
+                faults.point("step.prune")
                 prune_checkpoints(config, layout, step)
                 history.append(metrics)
                 progress.update(task, advance=1, description=describe(metrics))

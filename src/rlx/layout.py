@@ -12,13 +12,15 @@
   step-N/trainer_state/           train: DeepSpeed optimizer and scheduler state
   step-N/eval_samples.parquet     evaluate (every evaluate_step and at the end; empty otherwise)
   step-N/export.json              export: where the HF export went (every hf_interval and at the end)
-  step-N/<stage>_metrics.json     what each stage measured, its wall time included
+  step-N/<stage>_metrics.json     what each stage measured, its wall time included (written last)
+  step-N/<stage>_outputs.json     size and sha256 of each file the stage wrote, checked on resume
   step-N/dvc.lock                 the DVC lock of the step: its lineage, kept after the step
   step-N/done.json                written last: the step is complete
   curves/train.csv, curves/eval.csv   one row per step, for `dvc plots show`
   hf/step-N/                      HF exports (hf_max_keep retention)
   tracker.jsonl                   one JSON object per step (exp_tracker: jsonl)
   config.yaml                     the resolved configuration of the run
+  fit.lock                        held by the `rlx fit` running here (pid, host, start, command)
 ```
 """
 
@@ -49,6 +51,10 @@ class StepPaths:
     def metrics(self, stage: str) -> Path:
         """``<stage>_metrics.json``: what the stage measured, its own wall time included."""
         return self.dir / f"{stage}_metrics.json"
+
+    def outputs(self, stage: str) -> Path:
+        """``<stage>_outputs.json``: size and sha256 of each file the stage wrote (written just before its metrics)."""
+        return self.dir / f"{stage}_outputs.json"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import os
 import secrets
 from pathlib import Path
 
+from rlx.artifacts import write_text
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
 from rlx.layout import RunLayout
@@ -50,10 +51,11 @@ class Tracker:
 
     def _forget_steps_from(self, first_step: int) -> None:
         """A resumed run logs its unfinished step again: drop what an interrupted run logged of it."""
-        kept = [record for record in read_tracker(self.jsonl) if record["step"] < first_step]
-        tmp = self.jsonl.with_name(f".{self.jsonl.name}.tmp")
-        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
-        os.replace(tmp, self.jsonl)
+        self._write_records([record for record in read_tracker(self.jsonl) if record["step"] < first_step])
+
+    def _write_records(self, records: list[dict]) -> None:
+        """Rewrite the jsonl whole, atomically: a killed run never leaves half a line behind."""
+        write_text("".join(json.dumps(record) + "\n" for record in records), self.jsonl)
 
     def _tensorboard(self):
         try:
@@ -72,7 +74,7 @@ class Tracker:
             raise UserError("wandb.mode is online but no W&B key is set: run `wandb login` or set WANDB_API_KEY")
         id_file = self.layout.work_dir / "wandb_id.txt"
         if not id_file.is_file():
-            id_file.write_text(secrets.token_hex(4))
+            write_text(secrets.token_hex(4), id_file)
         run_id = id_file.read_text().strip()
         options = {
             "project": settings.project,
@@ -91,8 +93,7 @@ class Tracker:
     def log(self, step: int, metrics: dict) -> None:
         values = numeric(metrics)
         if self.jsonl:
-            with open(self.jsonl, "a") as handle:
-                handle.write(json.dumps({"step": step, **values}) + "\n")
+            self._write_records([*read_tracker(self.jsonl), {"step": step, **values}])
         if self.tensorboard:
             for name, value in values.items():
                 self.tensorboard.add_scalar(name, value, step)

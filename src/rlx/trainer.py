@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlx import distributed
+from rlx import distributed, faults
 from rlx.artifacts import read_json, write_json
 from rlx.config import LRConfig, WorkerConfig
 
@@ -163,6 +163,7 @@ class PolicyTrainer:
             self.engine.zero_grad()
             return {"grad_norm": float("nan"), "lr": lr, "skipped": 1}
         skipped_before = self.engine.skipped_steps
+        faults.point("train.optimizer_step")
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         skipped = int(self.engine.skipped_steps > skipped_before)
@@ -200,6 +201,7 @@ class PolicyTrainer:
             if distributed.is_main():
                 self.engine.module.save_pretrained(tmp, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
+        faults.point("train.save")
         with distributed.atomic_dir_on_all_ranks(state_dir) as tmp:
             self.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
             if distributed.is_main():

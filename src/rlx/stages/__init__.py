@@ -1,19 +1,32 @@
 """The pipeline's stages. Each is a module with ``run(config, step, engines) -> metrics`` and
 ``outputs(step_paths)``; ``run_stage`` is the one way to run any of them, for `rlx stage NAME`
 (what ``dvc.yaml`` calls) and for `rlx fit` alike.
+
+A stage is complete when its metrics file exists and its outputs are exactly what it wrote: before
+the metrics it records each output file's size and sha256 in ``<stage>_outputs.json``, and a file
+found truncated, corrupted or missing on resume makes the stage run again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import logging
+import random
 import time
+from pathlib import Path
 from types import ModuleType
 
-from rlx.artifacts import write_json
+import torch
+
+from rlx import faults
+from rlx.artifacts import read_json, write_json
 from rlx.config import RLTrainerConfig
 
 ITERATION = ["prepare", "rollout", "judge", "train", "evaluate", "export"]
 STAGES = ["base", *ITERATION]
+
+log = logging.getLogger(__name__)
 
 
 def module(name: str) -> ModuleType:
@@ -27,19 +40,79 @@ def step_of(name: str, step: int) -> int:
     return 0 if name == "base" else step
 
 
+def output_files(name: str, paths) -> list[Path]:
+    """The files a stage produced: its outputs, folders file by file."""
+    files = []
+    for out in module(name).outputs(paths):
+        files += sorted(p for p in out.rglob("*") if p.is_file()) if out.is_dir() else [out]
+    return files
+
+
+def fingerprint(file: Path) -> dict:
+    with open(file, "rb") as handle:
+        return {"size": file.stat().st_size, "sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
+
+
+def record_outputs(name: str, paths) -> None:
+    """Size and hash of each output file, so a resume can tell them from truncated or corrupted ones."""
+    files = {str(f.relative_to(paths.dir)): fingerprint(f) for f in output_files(name, paths)}
+    write_json(files, paths.outputs(name))
+
+
+def damaged_output(name: str, paths) -> str | None:
+    """Why a stage that finished cannot be trusted (an output missing or changed since), or None."""
+    for record in (paths.metrics(name), paths.outputs(name)):
+        try:
+            read_json(record)
+        except (OSError, ValueError):
+            return f"{record}: missing or unreadable"
+    recorded = read_json(paths.outputs(name))
+    for out in module(name).outputs(paths):
+        if not out.exists():
+            return f"{out}: missing"
+    for relative, expected in recorded.items():
+        file = paths.dir / relative
+        if not file.is_file():
+            return f"{file}: missing"
+        if file.stat().st_size != expected["size"]:
+            return f"{file}: {file.stat().st_size} bytes, {expected['size']} when written (truncated?)"
+        if fingerprint(file)["sha256"] != expected["sha256"]:
+            return f"{file}: contents differ from what the stage wrote (corrupted)"
+    return None
+
+
 def is_complete(name: str, step: int, engines) -> bool:
-    """A stage is complete when its metrics file, written after all its outputs, exists."""
+    """Whether the stage finished (its metrics file, written last, exists) with its outputs intact."""
     paths = engines.layout.step(step_of(name, step))
-    return paths.metrics(name).is_file() and all(path.exists() for path in module(name).outputs(paths))
+    if not paths.metrics(name).is_file():
+        return False
+    problem = damaged_output(name, paths)
+    if problem:
+        log.warning("%s; stage %s of step %d runs again", problem, name, step_of(name, step))
+    return problem is None
+
+
+def reseed(config: RLTrainerConfig, name: str, step: int) -> None:
+    """Seed every RNG from (seed, step, stage), so a stage draws the same numbers whatever ran before it in
+    this process: a resumed run, which did not run the earlier stages, must match an uninterrupted one."""
+    seed = ((config.seed * 1_000_003 + step) * len(STAGES) + STAGES.index(name)) % 2**32
+    random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def run_stage(name: str, config: RLTrainerConfig, step: int, engines) -> dict:
-    """Run one stage, then write its metrics (its wall time included) as the mark that it finished."""
+    """Run one stage, then record its outputs and write its metrics (its wall time included) as the mark
+    that it finished."""
     stage, step = module(name), step_of(name, step)
+    faults.point(f"{name}.start")
+    reseed(config, name, step)
     started = time.perf_counter()
     metrics = stage.run(config, step, engines)
     metrics[f"time/{name}"] = time.perf_counter() - started
-    write_json(metrics, engines.layout.step(step).metrics(name))
+    paths = engines.layout.step(step)
+    faults.point(f"{name}.metrics")
+    record_outputs(name, paths)
+    write_json(metrics, paths.metrics(name))
     refresh_curves(name, config, step, engines)
     return metrics
 

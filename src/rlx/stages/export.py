@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 
+from rlx import faults
 from rlx.artifacts import atomic_dir, write_json
 from rlx.config import RLTrainerConfig
 
@@ -26,6 +27,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         with atomic_dir(target) as tmp:
             for file in sorted(paths.policy.iterdir()):
                 shutil.copy2(file, tmp / file.name)
+                faults.point("export.copy")
         files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(target.iterdir())}
         record.update(exported=True, path=str(target), files=files)
         prune_exports(layout, config.hf_max_keep)

@@ -1,0 +1,51 @@
+"""Named fault points, a testing aid for crash safety: the process kills itself where a test asks.
+
+``RLX_FAULT=train.optimizer_step`` makes the first ``point("train.optimizer_step")`` this process
+reaches send SIGKILL to the process itself; ``RLX_FAULT=train.optimizer_step@3`` waits for the third
+time it is reached. SIGKILL cannot be caught, so nothing gets to clean up: the work_dir is left as
+a power cut or an OOM kill would leave it, and the rerun must still end bitwise where an
+uninterrupted run ends (tests/test_resume.py). Without ``RLX_FAULT`` a point is a single comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+STAGE_NAMES = ("base", "prepare", "rollout", "judge", "train", "evaluate", "export")
+
+POINTS = (
+    *(f"{stage}.start" for stage in STAGE_NAMES),  # before the stage does anything
+    *(f"{stage}.metrics" for stage in STAGE_NAMES),  # outputs written, metrics (the completion mark) not yet
+    "train.optimizer_step",  # gradients accumulated, the optimizer step not yet taken
+    "train.save",  # the new policy saved, its optimizer state not yet
+    "export.copy",  # part of the HF export copied
+    "artifact.rename",  # any artifact written under its temporary name, not yet renamed into place
+    "dvc.commit",  # the stages saved by DVC, dvc.lock not yet written
+    "step.commit",  # dvc.lock (and the step's copy) written, done.json not yet
+    "step.prune",  # done.json written, old checkpoints not yet pruned
+)
+
+
+def parse(spec: str | None) -> tuple[str, int] | None:
+    """``name`` or ``name@N`` as (name, N); None when unset. An unknown name is an error, not a no-op."""
+    if not spec:
+        return None
+    name, _, count = spec.partition("@")
+    if name not in POINTS or (count and not (count.isdigit() and int(count) >= 1)):
+        raise ValueError(f"RLX_FAULT={spec!r}: expected NAME or NAME@N (N >= 1) with NAME one of {', '.join(POINTS)}")
+    return name, int(count or 1)
+
+
+_target = parse(os.environ.get("RLX_FAULT"))
+_reached = 0
+
+
+def point(name: str) -> None:
+    """Kill this process here if ``RLX_FAULT`` names this point (and this is the occurrence it counts)."""
+    global _reached
+    if _target is None or _target[0] != name:
+        return
+    _reached += 1
+    if _reached == _target[1]:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,187 @@
+"""Killed anywhere, `rlx fit` resumes to the very weights of an uninterrupted run, and a damaged
+artifact found on resume is redone: real processes, SIGKILL at named fault points (rlx.faults).
+
+Process starts dominate the cost (imports, DeepSpeed, DVC), so each case is a chain: the run is
+killed at one point, rerun with the next point set (so the rerun resumes, then is killed again),
+and so on; a last plain rerun finishes it. Every kill and every resume counts: the final policy
+must equal the reference bitwise and DVC must be clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import child_env, dvc_status, make_project
+from rlx.faults import POINTS
+from rlx.fit import edit_params
+from rlx.layout import RunLayout
+from rlx.stages import ITERATION
+from rlx.tracking import read_tracker
+
+pytestmark = pytest.mark.slow
+
+STEPS = 2  # step 2 is the last: it evaluates, exports and prunes
+FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
+
+# Chains list points in the order a run reaches them, so that each rerun does reach its point.
+CHAINS = {
+    "every-point": [
+        *(f"{stage}.{when}" for stage in ("base", "prepare", "rollout", "judge") for when in ("start", "metrics")),
+        *("train.start", "train.optimizer_step", "train.save", "train.metrics"),
+        *("evaluate.start", "evaluate.metrics", "export.start", "export.metrics"),
+        *("dvc.commit", "step.commit", "step.prune"),
+        *("evaluate.metrics", "export.copy"),  # step 2, the last, evaluates and exports for real
+    ],
+    # A seeded sample of occurrences of the point every artifact write passes (written, not yet renamed).
+    # Each run writes at most 11 artifacts before it is killed: the chain ends well before the run does.
+    "random-writes": [f"artifact.rename@{n}" for n in random.Random(9).sample(range(1, 12), 3)],
+}
+assert {p.partition("@")[0] for chain in CHAINS.values() for p in chain} == set(POINTS), "a fault point is untested"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory, tiny_model) -> Path:
+    project = make_project(tmp_path_factory.mktemp("resume"), tiny_model)
+    edit_params(project / "params.yaml", [f"rollout_steps={STEPS}", "wandb.enabled=false"])  # W&B: test_pipeline
+    return project
+
+
+def fresh_copy(pristine: Path, base: Path) -> Path:
+    return Path(shutil.copytree(pristine, base / "project", symlinks=True))
+
+
+def fit(project: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = child_env() | ({"RLX_FAULT": fault} if fault else {})
+    return subprocess.run(FIT, cwd=project, env=env, capture_output=True, text=True)
+
+
+def final_policy(project: Path) -> bytes:
+    return (RunLayout(project / "runs/demo").step(STEPS).policy / "model.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def reference(pristine, tmp_path_factory) -> bytes:
+    """The final weights of an uninterrupted run."""
+    project = fresh_copy(pristine, tmp_path_factory.mktemp("reference"))
+    done = fit(project)
+    assert done.returncode == 0, done.stderr
+    return final_policy(project)
+
+
+@pytest.mark.parametrize("chain", CHAINS.values(), ids=CHAINS.keys())
+def test_killed_at_each_fault_point_resumes_to_the_same_weights(chain, pristine, reference, tmp_path):
+    project = fresh_copy(pristine, tmp_path)
+    for number, fault in enumerate(chain):
+        killed = fit(project, fault)
+        assert killed.returncode == -9, f"RLX_FAULT={fault} did not kill the run:\n{killed.stderr[-3000:]}"
+        assert number == 0 or "taking over from rlx fit" in killed.stderr, "the killed run's lock was not noticed"
+    done = fit(project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert final_policy(project) == reference, f"weights differ after kills at {chain}"
+    assert [r["step"] for r in read_tracker(project / "runs/demo/tracker.jsonl")] == list(range(STEPS + 1))
+    assert not list((project / "runs/demo").glob("**/.*.tmp-*")), "a killed writer's temporary was left behind"
+    assert dvc_status(project) == {}
+
+
+@pytest.fixture(scope="module")
+def partway(pristine, tmp_path_factory) -> Path:
+    """A run killed as step 2's export started: step 1 is done, step 2 done up to its evaluation."""
+    project = fresh_copy(pristine, tmp_path_factory.mktemp("partway"))
+    assert fit(project, "export.start@2").returncode == -9
+    return project
+
+
+def truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def flip_a_byte(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+
+
+DAMAGE = {  # file under the work_dir: (its stage, how it is damaged)
+    "step-2/prompts.parquet": ("prepare", truncate),
+    "step-2/judged.parquet": ("judge", flip_a_byte),
+    "step-2/rollout_metrics.json": ("rollout", truncate),
+    "step-2/policy/model.safetensors": ("train", truncate),
+    "step-1/policy/model.safetensors": ("train", flip_a_byte),  # the finished step the next one starts from
+}
+
+
+@pytest.mark.parametrize("relative", DAMAGE)
+def test_a_damaged_artifact_is_redone_with_what_follows_it(relative, partway, reference, tmp_path):
+    stage, damage = DAMAGE[relative]
+    project = Path(shutil.copytree(partway, tmp_path / "project", symlinks=True))
+    work_dir = project / "runs/demo"
+    file, step = work_dir / relative, int(relative.split("/")[0].removeprefix("step-"))
+    data = file.read_bytes()
+    file.unlink()  # a new file: the workspace copy may share its inode with DVC's cache
+    file.write_bytes(damage(data))
+    written = metrics_times(RunLayout(work_dir).step(step))
+
+    done = fit(project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{Path('runs/demo') / relative}: " in done.stderr and f"stage {stage} of step {step} runs again" in (
+        done.stderr
+    )
+    after = metrics_times(RunLayout(work_dir).step(step))
+    rewritten = {name for name in ITERATION if after[name] != written[name]}
+    assert rewritten == set(ITERATION[ITERATION.index(stage) :])
+    assert final_policy(project) == reference
+    assert dvc_status(project) == {}
+
+
+def metrics_times(paths) -> dict:
+    """When each stage of a step last wrote its metrics (None: not yet)."""
+    return {name: p.stat().st_mtime_ns if (p := paths.metrics(name)).is_file() else None for name in ITERATION}
+
+
+def test_a_dvc_lock_cut_short_is_restored_from_the_last_step(partway, reference, tmp_path):
+    """DVC rewrites dvc.lock in place; a run killed during that write leaves it cut short."""
+    project = Path(shutil.copytree(partway, tmp_path / "project", symlinks=True))
+    lock = project / "dvc.lock"
+    text = lock.read_text()
+    lock.write_text(text[: text.index("outs:", len(text) // 2) + len("outs:")])
+    done = fit(project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dvc.lock is unreadable (a run killed while DVC wrote it?); restored from step 1" in done.stderr
+    assert final_policy(project) == reference
+    assert dvc_status(project) == {}
+
+
+def test_a_second_fit_on_a_busy_work_dir_is_refused(pristine, tmp_path):
+    """The refusal names the running process; a lock left by a killed run is taken over (the chains above)."""
+    project = fresh_copy(pristine, tmp_path)
+    first = subprocess.Popen(FIT, cwd=project, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        holder = wait_for_holder(project / "runs/demo/fit.lock", first)
+        second = fit(project)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert holder["pid"] == first.pid
+    assert second.returncode == 2, second.stderr
+    assert f"work_dir runs/demo is in use by rlx fit params.yaml (pid {first.pid} on {holder['host']}, started " in (
+        second.stderr
+    )
+    assert "Traceback" not in second.stderr
+
+
+def wait_for_holder(lock: Path, process: subprocess.Popen) -> dict:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(OSError, ValueError):  # not there yet, or being written
+            return json.loads(lock.read_text())
+        time.sleep(0.05)
+    raise AssertionError("the first run never took the work_dir")
