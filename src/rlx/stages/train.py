@@ -1,10 +1,10 @@
 """Stage ``train``: one policy update from the step's judged rollouts.
 
 Old log-probs are recomputed by the training engine (the rollout engine's are kept to measure the
-mismatch; with a single update per batch they come from the loss's own forward), the step's samples are split into ``optimizer_steps`` mini-batches, each cut into
-micro-batches that fit the ``pack_max_length`` token budget, and each mini-batch ends in one
-DeepSpeed optimizer step. Outputs the next policy (``step-N/policy``) and optimizer state
-(``step-N/trainer_state``).
+mismatch; with a single update per batch they come from the loss's own forward), the step's samples
+are split into ``optimizer_steps`` mini-batches, each cut into micro-batches that fit the
+``pack_max_length`` token budget, and each mini-batch ends in one DeepSpeed optimizer step. Outputs
+the next policy (``step-N/policy``) and optimizer state (``step-N/trainer_state``).
 """
 
 from __future__ import annotations
