@@ -74,7 +74,7 @@ SECTION_CASES = [
     ("synthetic_task.num_operands=7", "synthetic_task.num_operands: Input should be less than or equal to 4; got 7"),
     ("tiny_model.hidden_size=130", "tiny_model: hidden_size (130) must be divisible by num_attention_heads (4)"),
     ("dataflow_config.prompt_repeat_k=1", "dataflow_config.prompt_repeat_k must be at least 2, got 1"),
-    ("resources.num_workers=2", "resources.num_workers is 2, but this version of rlx trains in one process"),
+    ("resources.num_workers=0", "resources.num_workers: Input should be greater than 0; got 0"),
 ]  # fmt: skip
 
 

@@ -41,15 +41,15 @@ log = logging.getLogger(__name__)
 
 def edit_params(path: Path, overrides: list[str]) -> None:
     """Write ``KEY=VALUE`` overrides into params.yaml, keeping its comments, so DVC records what ran."""
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    tree = yaml.load(path.read_text())
+    round_trip = YAML()
+    round_trip.preserve_quotes = True
+    round_trip.indent(mapping=2, sequence=4, offset=2)
+    tree = round_trip.load(path.read_text())
     for override in overrides:
         apply_override(tree, override)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as handle:
-        yaml.dump(tree, handle)
+        round_trip.dump(tree, handle)
     os.replace(tmp, path)
 
 
@@ -87,7 +87,8 @@ def record_step(params: Path, layout: RunLayout, step: int) -> float:
 
 def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
     """DVC rewrites dvc.lock in place: a run killed during that write leaves it unreadable. Put back the
-    copy kept by the last finished step; the next step's commit records what came after it."""
+    copy kept by the last recorded step (a step's copy is written once its record is complete); the
+    next commit records what came after it."""
     from dvc.schema import COMPILED_LOCKFILE_SCHEMA
     from voluptuous import Invalid
 
@@ -99,11 +100,11 @@ def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
         return
     except (yaml.YAMLError, Invalid):
         pass
-    done = layout.completed_steps()
-    if not done:
-        raise UserError(f"{lock} is unreadable (a run killed while DVC wrote it?) and no finished step kept a copy")
-    log.warning("%s is unreadable (a run killed while DVC wrote it?); restored from step %d", lock, done[-1])
-    copy_file(layout.step(done[-1]).lock, lock)
+    recorded = layout.steps_with("dvc.lock")
+    if not recorded:
+        raise UserError(f"{lock} is unreadable (a run killed while DVC wrote it?) and no recorded step kept a copy")
+    log.warning("%s is unreadable (a run killed while DVC wrote it?); restored from step %d", lock, recorded[-1])
+    copy_file(layout.step(recorded[-1]).lock, lock)
 
 
 INPUT_STAGES = ["convert_gsm8k", "convert_math500"]  # cheap: the public sets in rlx's row shape

@@ -64,10 +64,14 @@ class RunLayout:
     def step(self, number: int) -> StepPaths:
         return StepPaths(Path(self.work_dir) / f"step-{number}")
 
+    def steps_with(self, filename: str) -> list[int]:
+        """Steps whose folder holds ``filename``, in order."""
+        found = [int(p.parent.name.removeprefix("step-")) for p in Path(self.work_dir).glob(f"step-*/{filename}")]
+        return sorted(found)
+
     def completed_steps(self) -> list[int]:
         """Steps whose ``done.json`` exists, in order."""
-        found = [int(p.parent.name.removeprefix("step-")) for p in Path(self.work_dir).glob("step-*/done.json")]
-        return sorted(found)
+        return self.steps_with("done.json")
 
     @property
     def curves(self) -> Path:
