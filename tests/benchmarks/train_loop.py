@@ -41,20 +41,16 @@ def prepare(config: RLTrainerConfig, rows: list[dict], rewards: torch.Tensor, tr
     return micros
 
 
-def loss_options(config: RLTrainerConfig, micros: list[Micro]) -> dict:
-    return {
-        "global_tokens": max(1, sum(micro.batch.num_tokens for micro in micros)),
-        "norm_length": config.dataflow_config.sample_params.max_tokens,
-    }
-
-
 def rlx_update(trainer, config: RLTrainerConfig, micros: list[Micro]) -> None:
-    loss_cfg, options = config.train_worker_cfg.loss_cfg, loss_options(config, micros)
+    loss_cfg, total = config.train_worker_cfg.loss_cfg, 0.0
     temperature = config.dataflow_config.sample_params.temperature or 1.0
     for micro in micros:
-        loss, _ = micro_loss(trainer, micro, loss_cfg, temperature, options)
+        loss, values = micro_loss(
+            trainer, micro, loss_cfg, temperature, config.dataflow_config.sample_params.max_tokens
+        )
         trainer.backward(loss)
-    trainer.optimizer_step()
+        total += values["loss"]
+    trainer.optimizer_step(total)
 
 
 def bare_optimizer(model, config: RLTrainerConfig) -> torch.optim.Optimizer:
@@ -65,15 +61,15 @@ def bare_optimizer(model, config: RLTrainerConfig) -> torch.optim.Optimizer:
 
 
 def bare_update(model, optimizer, config: RLTrainerConfig, micros: list[Micro]) -> None:
-    loss_cfg, options = config.train_worker_cfg.loss_cfg, loss_options(config, micros)
-    clip = loss_cfg.policy_loss_cfg
+    loss_cfg, clip = config.train_worker_cfg.loss_cfg, config.train_worker_cfg.loss_cfg.policy_loss_cfg
+    options = {"global_tokens": micros[0].mini_tokens, "norm_length": config.dataflow_config.sample_params.max_tokens}
     temperature = config.dataflow_config.sample_params.temperature or 1.0
     model.train()
     for micro in micros:
         logp, entropy = token_logprobs(model, micro.batch, temperature)
         pg_loss, _ = policy_loss(
             logp,
-            micro.old_logp,
+            logp.detach() if micro.old_logp is None else micro.old_logp,  # on-policy: the live log-probs
             micro.advantages,
             micro.batch.mask,
             kind=clip.loss_type,
