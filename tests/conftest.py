@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from rlx import config  # noqa: E402
+from rlx.distributed import without_rendezvous  # noqa: E402
 from rlx.tasks import gsm8k, math500  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,11 +162,7 @@ def make_project(base: Path, tiny_model) -> Path:
 
 def child_env() -> dict:
     """This process's environment for a child rlx, without the rendezvous of this process's DeepSpeed."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-    }
+    env = without_rendezvous(dict(os.environ))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return env
 

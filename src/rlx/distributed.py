@@ -23,6 +23,20 @@ import torch
 from rlx.artifacts import atomic_dir, read_json, write_json
 from rlx.errors import UserError
 
+RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # set by the launcher
+
+
+def ensure_rendezvous() -> None:
+    """DeepSpeed needs a rendezvous even for one process; without these variables it looks for MPI."""
+    if "RANK" in os.environ:
+        return
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+
+
+def without_rendezvous(environ: dict) -> dict:
+    """``environ`` minus this process's rendezvous, for a child that must start its own."""
+    return {name: value for name, value in environ.items() if name not in RENDEZVOUS}
+
 
 def rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -127,8 +141,7 @@ def launch_stage(name: str, config, step: int, folder: Path) -> dict:
     command = launch_command(
         resources.num_workers, resources.hostfile, free_port(), [name, str(config_path), str(step), str(result)]
     )
-    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"}}
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=without_rendezvous(dict(os.environ)), capture_output=True, text=True)
     if done.returncode != 0 or not result.is_file():
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
         raise RuntimeError(f"the {name} stage on {resources.num_workers} workers failed:\n{tail}")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,16 +74,6 @@ def lr_factor(cfg: LRConfig, step: int, total_steps: int, base_lr: float) -> flo
     return floor + (1 - floor) * shape
 
 
-def ensure_distributed_env() -> None:
-    """DeepSpeed needs a rendezvous even for one process; without these variables it looks for MPI."""
-    if "RANK" in os.environ:
-        return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-
-
 def deepspeed_config(cfg: WorkerConfig) -> dict:
     zero: dict = {"stage": cfg.deepspeed.zero_stage}
     if cfg.deepspeed.offload_optimizer:
@@ -112,7 +100,7 @@ class PolicyTrainer:
     def __init__(self, cfg: WorkerConfig, policy_dir: Path, state_dir: Path, total_optimizer_steps: int):
         import deepspeed
 
-        ensure_distributed_env()
+        distributed.ensure_rendezvous()
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32, use_safetensors=True)
         if cfg.deepspeed.activation_checkpointing:
             model.gradient_checkpointing_enable()
