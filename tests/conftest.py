@@ -154,7 +154,7 @@ def make_project(base: Path, tiny_model) -> Path:
     # The data and model were made by the same code outside DVC: record them as its stages' outputs.
     stages = ["init_data", "init_model", "convert_gsm8k@train", "convert_gsm8k@test", "convert_math500"]
     run([sys.executable, "-m", "dvc", "commit", "-f", "-q", *stages], project)
-    from rlx.fit import edit_params
+    from rlx.record import edit_params
 
     edit_params(project / "params.yaml", SHORT_RUN)
     return project

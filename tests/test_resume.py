@@ -23,9 +23,8 @@ import pytest
 
 from conftest import child_env, dvc_status, make_project
 from rlx.faults import POINTS
-from rlx.fit import edit_params
-from rlx.layout import RunLayout
-from rlx.stages import ITERATION
+from rlx.layout import ITERATION, RunLayout
+from rlx.record import edit_params
 from rlx.tracking import read_tracker
 
 pytestmark = pytest.mark.slow

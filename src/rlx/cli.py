@@ -130,7 +130,8 @@ def stage(
 ) -> None:
     """Run one pipeline stage for the step in params.yaml's `run.step` (what dvc.yaml calls)."""
     from rlx.engines import Engines
-    from rlx.stages import STAGES, run_stage
+    from rlx.layout import STAGES
+    from rlx.stages import run_stage
 
     if name not in STAGES:
         raise UserError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import signal
 
-STAGE_NAMES = ("base", "prepare", "rollout", "judge", "train", "evaluate", "export")
+from rlx.layout import STAGES
 
 POINTS = (
-    *(f"{stage}.start" for stage in STAGE_NAMES),  # before the stage does anything
-    *(f"{stage}.metrics" for stage in STAGE_NAMES),  # outputs written, metrics (the completion mark) not yet
+    *(f"{stage}.start" for stage in STAGES),  # before the stage does anything
+    *(f"{stage}.metrics" for stage in STAGES),  # outputs written, metrics (the completion mark) not yet
     "train.optimizer_step",  # gradients accumulated, the optimizer step not yet taken
     "train.save",  # the new policy saved, its optimizer state not yet
     "export.copy",  # part of the HF export copied
@@ -39,6 +39,12 @@ def parse(spec: str | None) -> tuple[str, int] | None:
 
 _target = parse(os.environ.get("RLX_FAULT"))
 _reached = 0
+_also_kill: list[int] = []
+
+
+def kill_with(pid: int) -> None:
+    """A helper process of the run: a point reached here kills the run (``pid``) as well."""
+    _also_kill.append(pid)
 
 
 def point(name: str) -> None:
@@ -48,4 +54,5 @@ def point(name: str) -> None:
         return
     _reached += 1
     if _reached == _target[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        for pid in (*_also_kill, os.getpid()):
+            os.kill(pid, signal.SIGKILL)

@@ -19,92 +19,24 @@ import os
 import shutil
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from ruamel.yaml import YAML
 
 from rlx import faults, worklock
-from rlx.artifacts import copy_file, read_json, remove_temporaries, write_json, write_text
-from rlx.config import RLTrainerConfig, RunPointer, apply_override, load, to_yaml
+from rlx.artifacts import read_json, remove_temporaries, write_json, write_text
+from rlx.config import RLTrainerConfig, RunPointer, load, to_yaml
 from rlx.engines import Engines
 from rlx.errors import UserError
-from rlx.layout import RunLayout
-from rlx.stages import ITERATION, STAGES, damaged_output, is_complete, refresh_curves, run_stage
+from rlx.layout import ITERATION, RunLayout
+from rlx.record import edit_params, point_at_step, record_step, recorder, repair_dvc_lock
+from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
 from rlx.tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-
-def edit_params(path: Path, overrides: list[str]) -> None:
-    """Write ``KEY=VALUE`` overrides into params.yaml, keeping its comments, so DVC records what ran."""
-    round_trip = YAML()
-    round_trip.preserve_quotes = True
-    round_trip.indent(mapping=2, sequence=4, offset=2)
-    tree = round_trip.load(path.read_text())
-    for override in overrides:
-        apply_override(tree, override)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        round_trip.dump(tree, handle)
-    os.replace(tmp, path)
-
-
-def point_at_step(path: Path, step: int) -> None:
-    edit_params(path, [f"run.step={step}", f"run.prev={step - 1}"])
-
-
-def dvc_commit(root: Path) -> None:
-    """Record the iteration's stages (their deps, params and outs, and DVC's run-cache entries) in
-    dvc.lock, as `dvc commit -f base prepare ... export` would, with one parse of dvc.yaml and
-    dvc.lock and one write of the lock; other stages are left as they are."""
-    from dvc.dvcfile import load_file
-    from dvc.repo import Repo
-
-    with Repo(str(root)) as repo, repo.lock:
-        dvcfile = load_file(repo, "dvc.yaml")
-        stages = [dvcfile.stages[name] for name in STAGES]
-        for stage in stages:
-            stage.save()
-            stage.commit()
-        faults.point("dvc.commit")
-        dvcfile.dump_stages(stages, update_pipeline=False)
-
-
-def record_step(params: Path, layout: RunLayout, step: int) -> float:
-    """Point params.yaml at ``step``, commit its stages to DVC and keep a copy of the lock in the
-    step's folder; returns the seconds it took."""
-    started = time.perf_counter()
-    point_at_step(params, step)
-    dvc_commit(params.parent)
-    copy_file(params.parent / "dvc.lock", layout.step(step).lock)
-    faults.point("step.commit")
-    return time.perf_counter() - started
-
-
-def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
-    """DVC rewrites dvc.lock in place: a run killed during that write leaves it unreadable. Put back the
-    copy kept by the last recorded step (a step's copy is written once its record is complete); the
-    next commit records what came after it."""
-    from dvc.schema import COMPILED_LOCKFILE_SCHEMA
-    from voluptuous import Invalid
-
-    lock = root / "dvc.lock"
-    try:
-        COMPILED_LOCKFILE_SCHEMA(yaml.safe_load(lock.read_text()))  # as DVC checks it when it loads it
-        return
-    except FileNotFoundError:
-        return
-    except (yaml.YAMLError, Invalid):
-        pass
-    recorded = layout.steps_with("dvc.lock")
-    if not recorded:
-        raise UserError(f"{lock} is unreadable (a run killed while DVC wrote it?) and no recorded step kept a copy")
-    log.warning("%s is unreadable (a run killed while DVC wrote it?); restored from step %d", lock, recorded[-1])
-    copy_file(layout.step(recorded[-1]).lock, lock)
 
 
 INPUT_STAGES = ["convert_gsm8k", "convert_math500"]  # cheap: the public sets in rlx's row shape
@@ -230,7 +162,10 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
             def finish(step: int, metrics: dict, recorded: Future) -> None:
                 """Wait for the step's DVC record, then log it and mark it done."""
                 waited = time.perf_counter()
-                metrics["time/dvc_commit"] = recorded.result()
+                try:
+                    metrics["time/dvc_commit"] = recorded.result()
+                except BrokenProcessPool as error:
+                    raise RuntimeError(f"the process recording step {step} in DVC died; rerun to resume") from error
                 metrics["time/dvc"] = time.perf_counter() - waited  # what the step waited for DVC
                 metrics["time/step"] += metrics["time/dvc"]
                 tracker.log(step, metrics)
@@ -242,7 +177,7 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
 
             # DVC records step N in the background while step N+1 runs; a step counts as done (done.json)
             # only once recorded, so a run killed before that re-records it on resume.
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dvc") as recorder:
+            with recorder() as dvc:
                 pending = None
                 for step in range(start, total + 1):
                     started = time.perf_counter()
@@ -250,7 +185,7 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
                     metrics["time/step"] = time.perf_counter() - started
                     if pending:
                         finish(*pending)
-                    pending = (step, metrics, recorder.submit(record_step, params, layout, step))
+                    pending = (step, metrics, dvc.submit(record_step, params, layout, step))
                 if pending:
                     finish(*pending)
     finally:

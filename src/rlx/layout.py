@@ -29,6 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+ITERATION = ["prepare", "rollout", "judge", "train", "evaluate", "export"]  # the stages of every step
+STAGES = ["base", *ITERATION]  # base: step 0, the starting policy and its evaluation
+
 
 def _file(name: str) -> property:
     return property(lambda self: self.dir / name, doc=f"``{name}`` in the step's folder")

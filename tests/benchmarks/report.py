@@ -27,11 +27,16 @@ FIRST_LOAD = os.getloadavg()
 # ---- raw measurements, reduced to what the figures need ---------------------------------------
 
 
-def step_intervals(marks: list[dict], clock: str = "at_s", skip: int = 1) -> list[float]:
-    """Wall (or CPU: ``cpu_s``) time of each step after the first ``skip`` (start-up) ones, from when
-    each step ended."""
-    ends = [mark[clock] for mark in marks if clock in mark]
+def step_intervals(marks: list[dict], skip: int = 1) -> list[float]:
+    """Wall time of each step after the first ``skip`` (start-up) ones, from when each step ended."""
+    ends = [mark["at_s"] for mark in marks]
     return [later - earlier for earlier, later in zip(ends[skip - 1 :], ends[skip:], strict=False)]
+
+
+def steady(history: list[dict]) -> list[dict]:
+    """The steps of a `rlx fit` run that show its steady state: not the first (start-up), nor the last
+    (its DVC record has no next step to overlap)."""
+    return history[1:-1]
 
 
 PHASES = (
@@ -56,8 +61,8 @@ PHASES = (
 def fit_summary(result: dict, responses_per_step: int) -> dict:
     """A `rlx fit` workload's warm step times, per-step phase metrics and memory."""
     return {
-        "warm_step_s": step_intervals(result["steps"]),
-        "warm_step_cpu_s": step_intervals(result["steps"], "cpu_s"),
+        # Each step's own stages plus the wait for its DVC record (which overlaps the next step).
+        "warm_step_s": [metrics["time/step"] for metrics in steady(result["history"])],
         "phases": [
             {name: value for name, value in metrics.items() if name in PHASES or name.startswith("time/")}
             for metrics in result["history"]
@@ -72,7 +77,6 @@ def fit_summary(result: dict, responses_per_step: int) -> dict:
 def trl_summary(result: dict) -> dict:
     return {
         "warm_step_s": step_intervals(result["steps"]),
-        "warm_step_cpu_s": step_intervals(result["steps"], "cpu_s"),
         "peak_rss_mb": [mark["peak_rss_mb"] for mark in result["steps"]],
         "torch_threads": result["torch_threads"],
     }
@@ -92,7 +96,7 @@ def overhead(fit: dict) -> dict:
     """Per warm step: step time minus generation, judging and forward/backward/optimizer, as a share of
     the step (median over warm steps), and the median seconds of every phase outside that core."""
     shares, rest = [], {}
-    for metrics in fit["phases"][1:]:
+    for metrics in steady(fit["phases"]):
         core = (
             generate_seconds(metrics, fit["responses_per_step"])
             + metrics["time/judge"]
@@ -108,7 +112,7 @@ def overhead(fit: dict) -> dict:
             - metrics["time/checkpoint"]
             - sum(metrics[f"time/train/{p}"] for p in ("old_logprob", "forward_backward", "optimizer")),
             **{name.removeprefix("time/"): metrics[name] for name in ("time/prepare", "time/evaluate", "time/export")},
-            "dvc": metrics["time/dvc"],
+            "dvc: waiting for the record": metrics["time/dvc"],
         }
         stages = sum(metrics[f"time/{s}"] for s in ("prepare", "rollout", "judge", "train", "evaluate", "export"))
         outside["driver (between stages)"] = metrics["time/step"] - stages - metrics["time/dvc"]
@@ -117,6 +121,7 @@ def overhead(fit: dict) -> dict:
     return {
         "median_share": statistics.median(shares),
         "shares": shares,
+        "median_dvc_record_s": statistics.median(m["time/dvc_commit"] for m in steady(fit["phases"])),
         "median_s": {name: statistics.median(values) for name, values in rest.items()},
     }
 
@@ -130,10 +135,6 @@ def figures(measured: dict) -> dict:
     if "step/rlx" in measured and "step/trl" in measured:
         rlx, trl = (statistics.median(measured[f"step/{n}"]["warm_step_s"]) for n in ("rlx", "trl"))
         found["step"] = {"rlx_s": rlx, "trl_s": trl, "ratio": ratio(rlx, trl), "target": 1.0, "goal": 0.7}
-        cpu = [measured[f"step/{n}"].get("warm_step_cpu_s") for n in ("rlx", "trl")]
-        if all(cpu):
-            rlx_cpu, trl_cpu = (statistics.median(c) for c in cpu)
-            found["step"].update(rlx_cpu_s=rlx_cpu, trl_cpu_s=trl_cpu, cpu_ratio=ratio(rlx_cpu, trl_cpu))
     if "step/rlx" in measured:
         found["overhead"] = {**overhead(measured["step/rlx"]), "target": 0.10}
         rss, peaks = measured["step/rlx"]["rss_mb"], measured["step/rlx"]["peak_rss_mb"]
@@ -232,11 +233,6 @@ def table(results: dict) -> str:
             f"| Warm step, demo (16 prompts × 8 × 32 tokens) | {s['rlx_s']:.2f} s | TRL `GRPOTrainer` {s['trl_s']:.2f} s "
             f"| {s['ratio']:.2f}× | ≤ 1.0× (goal 0.7×): {verdict(s['ratio'] <= 1.0)} |"
         )
-        if "cpu_ratio" in s:
-            lines.append(
-                f"| ... in CPU seconds (all threads) | {s['rlx_cpu_s']:.2f} s | {s['trl_cpu_s']:.2f} s "
-                f"| {s['cpu_ratio']:.2f}× | |"
-            )
     if "rollout" in f:
         r = f["rollout"]
         lines.append(
@@ -266,7 +262,9 @@ def table(results: dict) -> str:
         parts = sorted(f["overhead"]["median_s"].items(), key=lambda item: -item[1])
         lines += [
             "",
-            "Outside the core (median seconds per warm step): " + ", ".join(f"{n} {v:.2f}" for n, v in parts) + ".",
+            "Outside the core (median seconds per warm step): " + ", ".join(f"{n} {v:.2f}" for n, v in parts) + ". "
+            f"DVC's record of a step ran for a median {f['overhead']['median_dvc_record_s']:.2f} s in its own "
+            "process, overlapping the next step.",
         ]
     if "scaling" in f:
         lines += ["", "| Scaling (prompts × 8 responses, tokens each) | Warm step | Peak RSS |", "|---|---|---|"]

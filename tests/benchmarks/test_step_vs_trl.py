@@ -15,7 +15,7 @@ from report import fit_summary, trl_summary
 
 from conftest import make_project
 
-STEPS = 6  # step 1 is start-up; 5 warm steps each
+STEPS = 6  # step 1 is start-up; rlx: steps 2-5 are timed (see report.steady), TRL: steps 2-6
 
 
 @pytest.fixture(scope="module")

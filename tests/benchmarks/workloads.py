@@ -29,12 +29,10 @@ def rss_mb() -> float:
 
 
 def step_mark(step: int, started: float) -> dict:
-    """When a step ended (wall and this process's CPU seconds) and the memory then. CPU time counts
-    every thread of the process and little of the waiting for cores that other processes cause."""
+    """When a step ended and the memory then."""
     return {
         "step": step,
         "at_s": time.perf_counter() - started,
-        "cpu_s": time.process_time(),
         "peak_rss_mb": peak_rss_mb(),
         "rss_mb": rss_mb(),
     }

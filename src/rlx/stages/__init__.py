@@ -22,9 +22,7 @@ import torch
 from rlx import faults
 from rlx.artifacts import read_json, write_json
 from rlx.config import RLTrainerConfig
-
-ITERATION = ["prepare", "rollout", "judge", "train", "evaluate", "export"]
-STAGES = ["base", *ITERATION]
+from rlx.layout import STAGES
 
 log = logging.getLogger(__name__)
 

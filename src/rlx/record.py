@@ -1,0 +1,124 @@
+"""What `rlx fit` records in DVC after each step, and the process that records it while the run goes on.
+
+A step is recorded by pointing params.yaml at it and committing the iteration's stages, so dvc.lock
+holds exactly what ``dvc repro`` would have left; a copy of that lock stays in the step's folder as
+its lineage. Recording is DVC's Python (YAML parsing, hashing, the lock rewrite): on a small machine
+it would compete with generation for the interpreter and the cores, so it runs in a process of its
+own at the lowest CPU priority, filling the gaps that generation and training leave.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import yaml
+from ruamel.yaml import YAML
+
+from rlx import faults
+from rlx.artifacts import copy_file
+from rlx.config import apply_override
+from rlx.errors import UserError
+from rlx.layout import STAGES, RunLayout
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+
+
+def edit_params(path: Path, overrides: list[str]) -> None:
+    """Write ``KEY=VALUE`` overrides into params.yaml, keeping its comments, so DVC records what ran."""
+    round_trip = YAML()
+    round_trip.preserve_quotes = True
+    round_trip.indent(mapping=2, sequence=4, offset=2)
+    tree = round_trip.load(path.read_text())
+    for override in overrides:
+        apply_override(tree, override)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as handle:
+        round_trip.dump(tree, handle)
+    os.replace(tmp, path)
+
+
+def point_at_step(path: Path, step: int) -> None:
+    edit_params(path, [f"run.step={step}", f"run.prev={step - 1}"])
+
+
+def dvc_commit(root: Path) -> None:
+    """Record the iteration's stages (their deps, params and outs) in dvc.lock, as
+    `dvc commit -f base prepare ... export` would, with one parse of dvc.yaml and dvc.lock and one write
+    of the lock; other stages are left as they are. No run-cache entries: the run-cache cannot restore
+    a step (its policy and optimizer state are ``cache: false``) and writing them was a quarter of the
+    recording's time."""
+    from dvc.dvcfile import load_file
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo, repo.lock:
+        dvcfile = load_file(repo, "dvc.yaml")
+        stages = [dvcfile.stages[name] for name in STAGES]
+        for stage in stages:
+            stage.save(run_cache=False)
+            stage.commit()
+        faults.point("dvc.commit")
+        dvcfile.dump_stages(stages, update_pipeline=False)
+
+
+def record_step(params: Path, layout: RunLayout, step: int) -> float:
+    """Point params.yaml at ``step``, commit its stages to DVC and keep a copy of the lock in the
+    step's folder; returns the seconds it took."""
+    started = time.perf_counter()
+    point_at_step(params, step)
+    dvc_commit(params.parent)
+    copy_file(params.parent / "dvc.lock", layout.step(step).lock)
+    faults.point("step.commit")
+    return time.perf_counter() - started
+
+
+def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
+    """DVC rewrites dvc.lock in place: a run killed during that write leaves it unreadable. Put back the
+    copy kept by the last recorded step (a step's copy is written once its record is complete); the
+    next commit records what came after it."""
+    from dvc.schema import COMPILED_LOCKFILE_SCHEMA
+    from voluptuous import Invalid
+
+    lock = root / "dvc.lock"
+    try:
+        COMPILED_LOCKFILE_SCHEMA(yaml.safe_load(lock.read_text()))  # as DVC checks it when it loads it
+        return
+    except FileNotFoundError:
+        return
+    except (yaml.YAMLError, Invalid):
+        pass
+    recorded = layout.steps_with("dvc.lock")
+    if not recorded:
+        raise UserError(f"{lock} is unreadable (a run killed while DVC wrote it?) and no recorded step kept a copy")
+    log.warning("%s is unreadable (a run killed while DVC wrote it?); restored from step %d", lock, recorded[-1])
+    copy_file(layout.step(recorded[-1]).lock, lock)
+
+
+def recorder() -> ProcessPoolExecutor:
+    """One process that records the steps handed to it, in order (``submit(record_step, ...)``)."""
+    return ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),  # a fresh interpreter: no copy of the run's threads
+        initializer=_serve_the_run,
+        initargs=(os.getpid(),),
+    )
+
+
+def _serve_the_run(run: int) -> None:
+    """Set up the recorder process: lowest priority, killed with the run (SIGKILL included, so it never
+    writes dvc.lock behind a rerun's back), and its fault points kill the run too."""
+    os.nice(19)
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != run:  # the run died before the line above took effect
+        os._exit(1)
+    faults.kill_with(run)
