@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import rlx  # noqa: F401  before torch, as in the `rlx` command: it sets OpenMP's wait policy (every workload)
+
 
 def peak_rss_mb() -> float:
     """This program's RSS high-water mark so far. Not ``getrusage``'s ``ru_maxrss``: Linux carries that

@@ -1,0 +1,54 @@
+"""The process that records steps in DVC: it yields the CPU to the run, and it never outlives the run
+(a rerun must be the only writer of dvc.lock)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import child_env
+from rlx.record import recorder
+
+# A run that starts the recorder, prints the recorder's pid, then waits to be killed.
+RUN = """
+import os, sys, time
+from rlx.record import recorder
+pool = recorder()
+print(pool.submit(os.getpid).result(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_recorder_runs_at_the_lowest_priority_as_a_child_of_the_run():
+    with recorder() as pool:
+        assert pool.submit(os.nice, 0).result() == 19
+        assert pool.submit(os.getppid).result() == os.getpid()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's prctl")
+def test_recorder_dies_with_a_killed_run():
+    run = subprocess.Popen([sys.executable, "-c", RUN], env=child_env(), stdout=subprocess.PIPE, text=True)
+    worker = int(run.stdout.readline())
+    os.kill(worker, 0)  # alive while the run is
+    run.kill()
+    run.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"the recorder {worker} outlived its killed run")
+
+
+def test_importing_rlx_makes_openmp_threads_sleep_unless_told_otherwise():
+    env = {k: v for k, v in child_env().items() if k != "OMP_WAIT_POLICY"}
+    read = [sys.executable, "-c", "import os, rlx; print(os.environ['OMP_WAIT_POLICY'])"]
+    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.strip() == "PASSIVE"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.strip() == "ACTIVE"
