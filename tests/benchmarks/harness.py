@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from conftest import PARAMS, child_env
@@ -48,6 +51,32 @@ def record(name: str, value) -> None:
     """Keep one raw measurement of this session and rewrite the results file with all of them."""
     MEASURED[name] = value
     report.write_results(MEASURED, " ".join(["pytest", *sys.argv[1:]]))
+
+
+@dataclass
+class Rounds:
+    """Each side's seconds per round, and what each side returned in the last round."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    last: dict = field(default_factory=dict)
+
+
+def alternate(benchmark, sides: dict[str, Callable], rounds: int) -> Rounds:
+    """Run the sides one after the other, ``rounds`` times after one warm-up round, timing each call;
+    pytest-benchmark times each whole round. Alternating keeps a comparison fair on a machine whose
+    speed drifts: two blocks of rounds minutes apart can differ more than the sides do."""
+    measured = Rounds({name: [] for name in sides})
+
+    def one_round() -> None:
+        for name, side in sides.items():
+            started = time.perf_counter()
+            measured.last[name] = side()
+            measured.seconds[name].append(time.perf_counter() - started)
+
+    one_round()  # warm-up, not kept
+    measured.seconds = {name: [] for name in sides}
+    benchmark.pedantic(one_round, rounds=rounds, iterations=1)
+    return measured
 
 
 def run_workload(kind: str, scratch: Path, /, **arguments) -> dict:

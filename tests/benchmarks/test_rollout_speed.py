@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import demo_prompts, demo_tokenizer, record
+from harness import alternate, demo_prompts, demo_tokenizer, record
 
 from conftest import PARAMS
 from rlx.config import load
@@ -37,19 +37,8 @@ def response_tokens(new_tokens: torch.Tensor, stops: set[int], pad: int) -> int:
     return total
 
 
-def test_rollout_rlx(benchmark, batch):
-    model, tokenizer, prompts = batch
-    params = DEMO.dataflow_config.sample_params
-
-    def rollout():
-        return TransformersSampler(model, tokenizer, DEMO.rollout_config).generate(prompts, params, seed=SEED)
-
-    outputs = benchmark.pedantic(rollout, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    tokens = sum(len(out.response_ids) for out in outputs)
-    record("rollout/rlx", {"tokens": tokens, "seconds": list(benchmark.stats.stats.data)})
-
-
-def test_rollout_bare_generate(benchmark, batch):
+def test_rollout_rlx_vs_bare(benchmark, batch):
+    """Rounds alternate rlx and bare generate, so a drift in the machine's speed hits both alike."""
     model, tokenizer, prompts = batch
     params = DEMO.dataflow_config.sample_params
     kwargs = generation_kwargs(tokenizer, params)
@@ -57,11 +46,19 @@ def test_rollout_bare_generate(benchmark, batch):
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
     attention_mask = (torch.arange(width) >= torch.tensor([width - len(ids) for ids in prompts]).unsqueeze(-1)).long()
 
+    def rollout():
+        return TransformersSampler(model, tokenizer, DEMO.rollout_config).generate(prompts, params, seed=SEED)
+
     @torch.no_grad()
     def bare():
         torch.manual_seed(SEED)
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
-    out = benchmark.pedantic(bare, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    tokens = response_tokens(out.sequences[:, width:], set(stop_ids(tokenizer, params)), pad)
-    record("rollout/bare", {"tokens": tokens, "seconds": list(benchmark.stats.stats.data)})
+    rounds = alternate(benchmark, {"rlx": rollout, "bare": bare}, ROUNDS)
+    outputs, out = rounds.last["rlx"], rounds.last["bare"]
+    tokens = {
+        "rlx": sum(len(o.response_ids) for o in outputs),
+        "bare": response_tokens(out.sequences[:, width:], set(stop_ids(tokenizer, params)), pad),
+    }
+    for name in ("rlx", "bare"):
+        record(f"rollout/{name}", {"tokens": tokens[name], "seconds": rounds.seconds[name]})

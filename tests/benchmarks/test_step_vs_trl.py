@@ -3,7 +3,8 @@ sampling, loss and optimizer, both on CPU, each in a process of its own.
 
 Only warm steps count: the first step of each (DeepSpeed's or accelerate's set-up, the first
 generate) and everything before it (loading, `dvc repro` of the inputs, the base stage) are left
-out. pytest-benchmark times each whole run; the figures (median warm step) go to results.json.
+out. The runs alternate (rlx, TRL, rlx, ...); pytest-benchmark times each pair, and the figures
+(median warm step, the ratio of each pair) go to results.json.
 Evaluation is off in both (the demo evaluates every 5th step; TRL here never does).
 """
 
@@ -16,24 +17,13 @@ from report import fit_summary, trl_summary
 from conftest import make_project
 
 STEPS = 6  # step 1 is start-up; rlx: steps 2-5 are timed (see report.steady), TRL: steps 2-6
+PAIRS = 3
 
 
 @pytest.fixture(scope="module")
 def bench_project(tmp_path_factory, tiny_model):
     """A fresh demo project (the repo's pipeline, the session's demo data and model) for `rlx fit` runs."""
     return make_project(tmp_path_factory.mktemp("bench"), tiny_model)
-
-
-def test_step_rlx_fit(benchmark, bench_project, tmp_path):
-    result = benchmark.pedantic(
-        run_workload,
-        args=("fit", tmp_path),
-        kwargs={"project": str(bench_project), "overrides": demo_overrides(STEPS), "work_dir": "runs/bench-demo"},
-        rounds=1,
-        iterations=1,
-    )
-    assert len(result["steps"]) == STEPS
-    record("step/rlx", fit_summary(result, FLOW.global_batch_size * FLOW.prompt_repeat_k))
 
 
 def trl_micro_batch(bench_project) -> int:
@@ -72,20 +62,34 @@ def trl_settings(project) -> dict:
     }
 
 
-def run_trl(project, out_dir, steps: int) -> dict:
+def run_trl(project, scratch, name: str, steps: int) -> dict:
     return run_workload(
         "trl",
-        out_dir,
+        scratch,
         model_dir=str(project / "data/tiny-qwen3"),
         train_file=str(project / "data/arith/train.parquet"),
-        out_dir=str(out_dir / "trl"),
+        out_dir=str(scratch / name),
         steps=steps,
         settings=trl_settings(project),
     )
 
 
-def test_step_trl_grpo(benchmark, bench_project, tmp_path):
+def test_step_rlx_vs_trl(benchmark, bench_project, tmp_path):
+    """Whole runs alternate, rlx then TRL, ``PAIRS`` times: a drift in the machine's speed over the
+    minutes they take hits both alike, and each pair gives a ratio."""
     pytest.importorskip("trl", reason="TRL is the benchmark's reference: pip install -e '.[bench]' (make bench does)")
-    result = benchmark.pedantic(run_trl, args=(bench_project, tmp_path, STEPS), rounds=1, iterations=1)
-    assert len(result["steps"]) == STEPS
-    record("step/trl", {**trl_summary(result), "micro_batch": trl_micro_batch(bench_project)})
+    runs = {"rlx": [], "trl": []}
+
+    def pair() -> None:
+        number = len(runs["rlx"])
+        overrides = demo_overrides(STEPS)
+        fit = run_workload(
+            "fit", tmp_path, project=str(bench_project), overrides=overrides, work_dir=f"runs/bench-{number}"
+        )
+        runs["rlx"].append(fit)
+        runs["trl"].append(run_trl(bench_project, tmp_path, f"trl-{number}", STEPS))
+
+    benchmark.pedantic(pair, rounds=PAIRS, iterations=1)
+    assert all(len(run["steps"]) == STEPS for name in runs for run in runs[name])
+    record("step/rlx", [fit_summary(run, FLOW.global_batch_size * FLOW.prompt_repeat_k) for run in runs["rlx"]])
+    record("step/trl", [{**trl_summary(run), "micro_batch": trl_micro_batch(bench_project)} for run in runs["trl"]])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import demo_prompts, demo_tokenizer, record
+from harness import alternate, demo_prompts, demo_tokenizer, record
 from train_loop import bare_optimizer, bare_update, prepare, rlx_update, rollout_rows, update_tokens
 from transformers import AutoModelForCausalLM
 
@@ -44,21 +44,18 @@ def update(tiny_model):
     return model_dir, rows, trainer, micros
 
 
-def test_train_rlx_deepspeed(benchmark, update):
-    _, rows, trainer, micros = update
-    benchmark.pedantic(rlx_update, args=(trainer, DEMO, micros), rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    record(
-        "train/rlx",
-        {"tokens": update_tokens(rows), "micro_batches": len(micros), "seconds": list(benchmark.stats.stats.data)},
-    )
-
-
-def test_train_bare_torch(benchmark, update):
-    model_dir, rows, _, micros = update
+def test_train_rlx_vs_bare(benchmark, update):
+    """Rounds alternate rlx's update and the bare loop's, so a drift in the machine's speed hits both alike."""
+    model_dir, rows, trainer, micros = update
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = bare_optimizer(model, DEMO)
-    benchmark.pedantic(bare_update, args=(model, optimizer, DEMO, micros), rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    record(
-        "train/bare",
-        {"tokens": update_tokens(rows), "micro_batches": len(micros), "seconds": list(benchmark.stats.stats.data)},
-    )
+    sides = {
+        "rlx": lambda: rlx_update(trainer, DEMO, micros),
+        "bare": lambda: bare_update(model, optimizer, DEMO, micros),
+    }
+    rounds = alternate(benchmark, sides, ROUNDS)
+    for name in sides:
+        record(
+            f"train/{name}",
+            {"tokens": update_tokens(rows), "micro_batches": len(micros), "seconds": rounds.seconds[name]},
+        )
