@@ -22,6 +22,17 @@ print(pool.submit(os.getpid).result(), flush=True)
 time.sleep(60)
 """
 
+# Runs `rlx fit`, then prints the policy torch was loaded under and that torch was loaded at all.
+READ_POLICY = """
+import os, sys
+from rlx.cli import main
+sys.argv = ["rlx", "fit", sys.argv[1]]
+try:
+    main()
+finally:
+    print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules, flush=True)
+"""
+
 
 def test_recorder_runs_at_the_lowest_priority_as_a_child_of_the_run():
     with recorder() as pool:
@@ -46,9 +57,10 @@ def test_recorder_dies_with_a_killed_run():
     pytest.fail(f"the recorder {worker} outlived its killed run")
 
 
-def test_importing_rlx_makes_openmp_threads_sleep_unless_told_otherwise():
+def test_rlx_fit_makes_openmp_threads_sleep_unless_told_otherwise(tmp_path):
+    """`rlx fit` sets the policy before torch loads; the fit itself fails here (no params file)."""
     env = {k: v for k, v in child_env().items() if k != "OMP_WAIT_POLICY"}
-    read = [sys.executable, "-c", "import os, rlx; print(os.environ['OMP_WAIT_POLICY'])"]
-    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.strip() == "PASSIVE"
+    read = [sys.executable, "-c", READ_POLICY, str(tmp_path / "missing.yaml")]
+    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("PASSIVE True")
     env["OMP_WAIT_POLICY"] = "ACTIVE"
-    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.strip() == "ACTIVE"
+    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("ACTIVE True")

@@ -146,6 +146,9 @@ def fit(params: ParamsArg = Path("params.yaml"), presets: PresetsOpt = None, ove
 
     Presets and -S overrides are written into params.yaml first (as `dvc exp run -S` does), so DVC
     records the configuration that ran."""
+    from rlx.record import make_room_for_the_recorder
+
+    make_room_for_the_recorder()  # before rlx.fit imports torch
     from rlx.fit import fit as run_fit
 
     run_fit(params, all_overrides(presets, overrides), console=console)

@@ -14,8 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import rlx  # noqa: F401  before torch, as in the `rlx` command: it sets OpenMP's wait policy (every workload)
-
 
 def peak_rss_mb() -> float:
     """This program's RSS high-water mark so far. Not ``getrusage``'s ``ru_maxrss``: Linux carries that
@@ -63,6 +61,9 @@ class StepWatcher(threading.Thread):
 
 def fit_run(project: str, overrides: list[str], work_dir: str) -> dict:
     """`rlx fit` on a project with ``overrides``; each step's metrics, end time and memory."""
+    from rlx.record import make_room_for_the_recorder
+
+    make_room_for_the_recorder()  # before torch loads, as the `rlx fit` command does
     import torch
     from rich.console import Console
 
