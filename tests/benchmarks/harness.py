@@ -65,6 +65,8 @@ def alternate(benchmark, sides: dict[str, Callable], rounds: int) -> Rounds:
     """Run the sides one after the other, ``rounds`` times after one warm-up round, timing each call;
     pytest-benchmark times each whole round. Alternating keeps a comparison fair on a machine whose
     speed drifts: two blocks of rounds minutes apart can differ more than the sides do."""
+    for side in sides.values():  # warm-up round, not timed
+        side()
     measured = Rounds({name: [] for name in sides})
 
     def one_round() -> None:
@@ -73,8 +75,6 @@ def alternate(benchmark, sides: dict[str, Callable], rounds: int) -> Rounds:
             measured.last[name] = side()
             measured.seconds[name].append(time.perf_counter() - started)
 
-    one_round()  # warm-up, not kept
-    measured.seconds = {name: [] for name in sides}
     benchmark.pedantic(one_round, rounds=rounds, iterations=1)
     return measured
 
