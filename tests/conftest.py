@@ -120,6 +120,7 @@ def untrained_model(tmp_path_factory):
 SHORT_RUN = [
     "run.step=1",  # the repo's params.yaml may point at a later step after a local `make fit`
     "run.prev=0",
+    "run.checkpoint=0",
     "rollout_steps=3",
     "dataflow_config.global_batch_size=4",
     "dataflow_config.prompt_repeat_k=4",

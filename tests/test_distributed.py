@@ -58,9 +58,12 @@ def rolled_out_project(base, tiny_model):
 
 
 def train_step_one(project, *overrides):
+    """Step 1's update, then its checkpoint (the ranks of a launch write it themselves)."""
     with contextlib.chdir(project):
-        config = rlx_config.load(project / "params.yaml", list(overrides))
-        metrics = run_stage("train", config, 1, Engines(config))
+        config = rlx_config.load(project / "params.yaml", [*overrides, "checkpoint_interval=1"])
+        engines = Engines(config)
+        metrics = run_stage("train", config, 1, engines)
+        run_stage("checkpoint", config, 1, engines)
         weights = load_file(project / "runs/demo/step-1/policy/model.safetensors")
     return metrics, weights
 

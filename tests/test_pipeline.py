@@ -7,16 +7,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 from safetensors.torch import load_file
 
 from conftest import ROOT, SHORT_RUN, child_env, dvc_status, make_project, run
 from rlx.artifacts import read_json, read_rows
 from rlx.fit import fit
 from rlx.layout import RunLayout
+from rlx.record import edit_params
 from rlx.tracking import read_tracker
 
 pytestmark = pytest.mark.slow
@@ -55,8 +54,18 @@ def test_every_step_is_addressable_and_checkpoints_follow_retention(finished):
         assert all(len(r["rollout_logprobs"]) == r["response_len"] for r in rollouts)
         assert {r["finish_reason"] for r in rollouts} <= {"stop", "length"}
         assert "train:" in paths.lock.read_text() and f"step-{step}/judged.parquet" in paths.lock.read_text()
-    # checkpoint_interval=2, maxkeep=1: step 2 is the checkpoint; steps 2 and 3 are also read by the pipeline.
-    assert not layout.step(1).policy.exists() and layout.step(2).policy.exists()
+        numbers = read_rows(paths.update)
+        assert len(numbers) == 16 and [n["reward_used"] for n in numbers] == [j["reward"] for j in judged]
+        assert {n["old_logprob_source"] for n in numbers} == {"loss forward"}
+        assert (
+            read_json(paths.weights_fingerprint)["digest"]
+            != read_json(layout.step(step - 1).weights_fingerprint)["digest"]
+        )
+    # checkpoint_interval=2, maxkeep=1: checkpoints at 0 (the base), 2 and 3 (the last); 2 was pruned once 3 was
+    # done, and step 1 never wrote its weights.
+    assert layout.checkpoints() == [0, 3]
+    assert [n for n in range(4) if layout.step(n).policy.exists()] == [0, 3]
+    assert "step-2/policy" in layout.step(2).lock.read_text()  # recorded by DVC when it was the newest
     assert sorted(p.name for p in (layout.work_dir / "hf").iterdir()) == ["step-3"]  # hf_max_keep=1
     assert read_json(layout.step(3).export_record)["exported"] is True
 
@@ -76,21 +85,21 @@ def test_metrics_and_plots_are_visible_to_dvc(finished):
 
 
 def test_dvc_repro_runs_the_same_stages_cold(finished, tmp_path, tiny_model):
-    """`dvc repro` (each stage its own process) gives the same step 1 as `rlx fit` (warm, one process)."""
+    """`dvc repro` (each stage its own process) gives the same steps 1 and 2 as `rlx fit` (warm, one process),
+    step 2 starting from step 1, which has no checkpoint: each cold stage re-creates it by replay."""
     project, _ = finished
     cold = make_project(tmp_path, tiny_model)
     run([sys.executable, "-m", "dvc", "repro", "-q"], cold)
-    warm_step, cold_step = RunLayout(project / "runs/demo").step(1), RunLayout(cold / "runs/demo").step(1)
-    assert read_rows(cold_step.rollouts) == read_rows(warm_step.rollouts)
-    assert read_rows(cold_step.judged) == read_rows(warm_step.judged)
-    # The warm run pruned step 1's weights (checkpoint retention); its lock copy keeps their hash.
-    assert policy_hash(warm_step.lock, 1) == policy_hash(cold / "dvc.lock", 1)
+    edit_params(cold / "params.yaml", ["run.step=2", "run.prev=1"])  # run.checkpoint stays 0
+    run([sys.executable, "-m", "dvc", "repro", "-q"], cold)
+    assert not RunLayout(cold / "runs/demo").step(1).policy.exists()
+    for step in (1, 2):
+        warm_step, cold_step = RunLayout(project / "runs/demo").step(step), RunLayout(cold / "runs/demo").step(step)
+        assert read_rows(cold_step.rollouts) == read_rows(warm_step.rollouts)
+        assert read_rows(cold_step.judged) == read_rows(warm_step.judged)
+        assert read_rows(cold_step.update) == read_rows(warm_step.update)
+        assert read_json(cold_step.weights_fingerprint) == read_json(warm_step.weights_fingerprint)
     assert dvc_status(cold) == {}
-
-
-def policy_hash(lock: Path, step: int) -> str:
-    outs = yaml.safe_load(lock.read_text())["stages"]["train"]["outs"]
-    return next(out["md5"] for out in outs if out["path"].endswith(f"step-{step}/policy"))
 
 
 def test_killed_fit_resumes_to_the_same_result(finished, tmp_path, tiny_model):
@@ -130,7 +139,9 @@ def test_each_algorithm_preset_trains_the_demo(preset, tmp_path, tiny_model):
     history = fit(project / "params.yaml", overrides)
     assert len(history) == 2
     config = load(project / "params.yaml")  # the preset was written into params.yaml, for DVC to record
-    assert config == load(ROOT / "params.yaml", [*SHORT_RUN, *overrides, "run.step=2", "run.prev=1"])
+    assert config == load(
+        ROOT / "params.yaml", [*SHORT_RUN, *overrides, "run.step=2", "run.prev=1", "run.checkpoint=2"]
+    )
     for metric in ("train/loss", "train/clipfrac", "train/approx_kl", "train/ratio_mean", "mismatch/k3_kl"):
         assert all(metric in step for step in history), metric
     if config.train_worker_cfg.loss_cfg.use_kl_loss:

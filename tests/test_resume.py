@@ -35,10 +35,14 @@ FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
 # Chains list points in the order a run reaches them, so that each rerun does reach its point.
 CHAINS = {
     "every-point": [
-        *(f"{stage}.{when}" for stage in ("base", "prepare", "rollout", "judge") for when in ("start", "metrics")),
-        *("train.start", "train.optimizer_step", "train.save", "train.metrics"),
-        *("evaluate.start", "evaluate.metrics", "export.start", "export.metrics"),
-        *("evaluate.metrics", "export.copy"),  # step 2, the last, evaluates and exports for real
+        *("base.start", "base.metrics", "checkpoint.start", "checkpoint.metrics"),  # step 0 and checkpoint 0
+        *(f"{stage}.{when}" for stage in ("prepare", "rollout", "judge") for when in ("start", "metrics")),
+        *("train.start", "train.optimizer_step", "train.metrics"),
+        # Killed after step 1 trained (it writes no checkpoint): the rerun re-creates its policy by replay.
+        *("checkpoint.start", "replay.step"),
+        # Step 2, the last, writes its checkpoint in the background while it evaluates and exports.
+        *("train.save", "checkpoint.metrics", "evaluate.start", "evaluate.metrics"),
+        *("export.start", "policy.write", "export.metrics"),
         # DVC records step 1 while step 2 runs, and step 1 is marked done once step 2's stages are:
         *("dvc.commit", "step.commit", "step.prune"),
     ],
@@ -114,8 +118,9 @@ DAMAGE = {  # file under the work_dir: (its stage, how it is damaged)
     "step-2/prompts.parquet": ("prepare", truncate),
     "step-2/judged.parquet": ("judge", flip_a_byte),
     "step-2/rollout_metrics.json": ("rollout", truncate),
-    "step-2/policy/model.safetensors": ("train", truncate),
-    "step-1/policy/model.safetensors": ("train", flip_a_byte),  # the finished step the next one starts from
+    "step-2/update.parquet": ("train", flip_a_byte),
+    "step-2/policy/model.safetensors": ("checkpoint", truncate),  # checkpoints are checked by size (and fingerprint)
+    "step-1/fingerprint.json": ("train", flip_a_byte),  # the finished step the next one starts from
 }
 
 

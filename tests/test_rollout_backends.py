@@ -7,14 +7,12 @@ asks it for the right things and turns its answers into the same artifact as the
 from __future__ import annotations
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from rlx.config import RolloutConfig, SampleParams
 from rlx.data import prompt_ids
 from rlx.engines import load_policy
 from rlx.rollout import TransformersSampler
-from rlx.rollout.lmdeploy_backend import generation_options, read_weights, to_generation
+from rlx.rollout.lmdeploy_backend import generation_options, to_generation
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +70,3 @@ def test_lmdeploy_output_becomes_the_same_artifact(model_and_tokenizer):
         to_generation([1], response, [{0: -1.0}] * len(response), "stop", tokenizer, params)
     with pytest.raises(RuntimeError, match="tokens but"):
         to_generation([1], response, logprobs[:-1], "stop", tokenizer, params)
-
-
-def test_weights_for_an_engine_update_come_from_every_shard(model_and_tokenizer, tmp_path):
-    folder, model, _ = model_and_tokenizer
-    weights = read_weights(folder)
-    state = model.state_dict()
-    assert weights and set(weights) <= set(state)
-    assert all(torch.equal(weights[name], state[name]) for name in weights)
-    names = sorted(weights)
-    save_file({n: weights[n] for n in names[:3]}, tmp_path / "model-00001-of-00002.safetensors")
-    save_file({n: weights[n] for n in names[3:]}, tmp_path / "model-00002-of-00002.safetensors")
-    assert read_weights(tmp_path).keys() == weights.keys()

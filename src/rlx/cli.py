@@ -124,11 +124,12 @@ def init_model(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt 
 
 @app.command("stage")
 def stage(
-    name: Annotated[str, typer.Argument(help="base, prepare, rollout, judge, train, evaluate or export.")],
+    name: Annotated[str, typer.Argument(help="base, prepare, rollout, judge, train, checkpoint, evaluate or export.")],
     params: ParamsArg = Path("params.yaml"),
     overrides: OverridesOpt = None,
 ) -> None:
-    """Run one pipeline stage for the step in params.yaml's `run.step` (what dvc.yaml calls)."""
+    """Run one pipeline stage for the step in params.yaml's `run.step` (`run.checkpoint` for the
+    checkpoint stage): what dvc.yaml calls."""
     from rlx.engines import Engines
     from rlx.layout import STAGES
     from rlx.stages import run_stage
@@ -136,7 +137,8 @@ def stage(
     if name not in STAGES:
         raise UserError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
     config = load_config(params, overrides)
-    metrics = run_stage(name, config, config.run.step, Engines(config))
+    step = config.run.checkpoint if name == "checkpoint" else config.run.step
+    metrics = run_stage(name, config, step, Engines(config))
     console.print_json(data=metrics)
 
 
@@ -170,9 +172,25 @@ def convert(
     console.print(f"written {converters[dataset](source, output, split)}")
 
 
+@app.command("materialize")
+def materialize(
+    run: Annotated[Path, typer.Argument(help="A run's work_dir, e.g. runs/demo.")],
+    step: Annotated[int, typer.Option(help="The step whose policy to write.")],
+    out: Annotated[Path | None, typer.Option(help="Where to write it; default: RUN/materialized/step-N.")] = None,
+) -> None:
+    """Write any step's policy as a HF folder: loaded from its checkpoint, or re-created by replaying
+    the recorded updates after the newest checkpoint before it (each replayed step's fingerprint checked)."""
+    from rlx.explore import Run
+
+    folder = Run(run).policy(step, out)
+    console.print(f"step {step}'s policy written to {folder}")
+
+
 @app.command("eval")
 def evaluate(
-    model_dir: Annotated[Path, typer.Argument(help="A HF model folder (e.g. runs/demo/hf/step-30).")],
+    model_dir: Annotated[
+        Path, typer.Argument(help="A HF model folder (e.g. runs/demo/hf/step-30), or a run's work_dir with --step.")
+    ],
     data: Annotated[list[Path], typer.Option("--data", "-d", help="An rlx prompt dataset (repeatable).")],
     judger: Annotated[str | None, typer.Option(help="Judger for every set; default: by data_source.")] = None,
     n: Annotated[int, typer.Option(help="Samples per prompt (pass@k, maj@k).")] = 1,
@@ -180,15 +198,20 @@ def evaluate(
     max_tokens: Annotated[int, typer.Option(help="New tokens per response.")] = 512,
     output: Annotated[Path | None, typer.Option(help="Write the judged samples here (parquet).")] = None,
     params: Annotated[Path | None, typer.Option(help="Take rollout and judger settings from a params.yaml.")] = None,
+    step: Annotated[int | None, typer.Option(help="With a run's work_dir: the step whose policy to score.")] = None,
     overrides: OverridesOpt = None,
 ) -> None:
-    """Evaluate any HF model folder outside a run: accuracy, pass@k, maj@k per set."""
+    """Evaluate any HF model folder, or any step of a run, outside a run: accuracy, pass@k, maj@k per set."""
     from rich.table import Table
 
     from rlx.artifacts import write_rows
     from rlx.config import load
     from rlx.engines import Engines
+    from rlx.explore import Run
     from rlx.stages.evaluate import SAMPLE_SCHEMA, evaluate_policy
+
+    if step is not None:
+        model_dir = Run(model_dir).policy(step)
 
     sets = [{"name": path.stem, "anno_path": str(path), "judger_name": judger} for path in data]
     sampling = {"n": n, "temperature": temperature, "do_sample": temperature > 0, "max_tokens": max_tokens}

@@ -365,11 +365,14 @@ class RunPointer(Section):
 
     step: int = Field(1, ge=1, description="The rollout step the pipeline's stages produce.")
     prev: int = Field(0, ge=0, description="step - 1: whose policy the step starts from (DVC cannot subtract).")
+    checkpoint: int = Field(0, ge=0, description="The newest checkpoint at or before step: the checkpoint stage's.")
 
     @model_validator(mode="after")
     def _prev_is_step_minus_one(self) -> RunPointer:
         if self.prev != self.step - 1:
             raise ValueError(f"run.prev must be run.step - 1 = {self.step - 1}, got {self.prev}")
+        if self.checkpoint > self.step:
+            raise ValueError(f"run.checkpoint must be at most run.step = {self.step}, got {self.checkpoint}")
         return self
 
 
@@ -383,11 +386,22 @@ class RLTrainerConfig(Section):
     rollout_steps: int | None = Field(None, gt=0, description="If set, the run's length in steps (overrides epochs).")
     seed: int = 42
     auto_resume: bool = Field(True, description="rlx default on: a rerun continues where it stopped.")
-    checkpoint_interval: int = Field(10, description="Steps between resumable checkpoints; -1 disables.")
-    checkpoint_maxkeep: int = Field(2, description="Checkpoints kept; -1 keeps all.")
-    checkpoint_no_save_optimizer: bool = False
-    hf_interval: int = Field(-1, description="Steps between HF exports; -1 exports only at the end.")
-    hf_max_keep: int = Field(1, description="HF exports kept; -1 keeps all.")
+    checkpoint_interval: int = Field(
+        10,
+        description="Steps between checkpoints (full policy and optimizer state, written in the background); the "
+        "last step is always one and -1 leaves only that. Other steps record a weights fingerprint, and their "
+        "policy is re-created by replaying the updates after the newest checkpoint before them.",
+    )
+    checkpoint_maxkeep: int = Field(
+        2, description="Checkpoints kept besides checkpoint 0 (the base model, the root of any replay); -1 keeps all."
+    )
+    checkpoint_no_save_optimizer: bool = Field(
+        False,
+        description="Drop the optimizer state of every checkpoint but the newest (resume needs that one): older "
+        "ones keep their policy, and a step before the newest checkpoint is then replayed from step 0.",
+    )
+    hf_interval: int = Field(-1, description="Steps between HF exports (hf/step-N); -1 exports only the last step.")
+    hf_max_keep: int = Field(1, description="HF exports kept, the newest; -1 keeps all.")
     exp_tracker: Literal["jsonl", "tensorboard"] = Field(
         "jsonl", description="Local tracker (XTuner default tensorboard)."
     )

@@ -7,17 +7,24 @@ is the very module step N+1 samples from, with no reload. Both paths run the sam
 
 from __future__ import annotations
 
+import logging
+import time
 from functools import cached_property
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from rlx import faults
+from rlx.artifacts import read_json
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
+from rlx.fingerprint import fingerprint, first_difference
 from rlx.layout import RunLayout
 from rlx.rollout import Sampler, TransformersSampler
-from rlx.trainer import PolicyTrainer
+from rlx.trainer import DEEPSPEED_TAG, PolicyTrainer
+
+log = logging.getLogger(__name__)
 
 
 def load_policy(path):
@@ -57,6 +64,11 @@ def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
         )
 
 
+def has_optimizer_state(paths) -> bool:
+    """Whether a checkpoint can start a replay: step 0's optimizer state is the empty one."""
+    return paths.dir.name == "step-0" or (paths.trainer_state / DEEPSPEED_TAG).is_dir()
+
+
 class Engines:
     def __init__(self, config: RLTrainerConfig):
         self.config = config
@@ -67,6 +79,7 @@ class Engines:
         self._policy_step: int | None = None
         self._lmdeploy = None  # the run's LMDeploy engine, once started
         self._lmdeploy_step: int | None = None
+        self.replay_seconds = 0.0  # spent re-creating policies from checkpoints (`rlx fit` logs it as time/replay)
 
     @cached_property
     def tokenizer(self):
@@ -109,28 +122,33 @@ class Engines:
         return model.requires_grad_(False)
 
     def policy(self, step: int):
-        """The policy after ``step`` training steps (step 0: the base model), for generation."""
+        """The policy after ``step`` training steps (step 0: the base model), for generation: the
+        trainer's module when it holds that step, else the step's checkpoint, else replayed."""
         if self._trainer_step == step:
             return self._trainer.module
         if self._policy_step != step:
-            self._policy, self._policy_step = load_policy(self.layout.step(step).policy), step
+            if step in self.layout.checkpoints():
+                self._policy = self.checked(load_policy(self.layout.step(step).policy), step)
+            elif step == 0:  # before checkpoint 0 is written (a cold `dvc repro` may run it later)
+                self._policy = load_policy(self.config.load_from)
+            else:
+                self._policy = self.trainer(step).module
+            self._policy_step = step
         return self._policy
 
     def sampler(self, step: int) -> Sampler:
         """The rollout engine, holding the policy after ``step`` steps. LMDeploy's engine is started
-        once and then given each new policy: from the trainer's memory when it holds that step
-        (warm `rlx fit`), else from the step's folder."""
+        once, from the newest checkpoint folder at or before ``step``, and then given each new policy
+        from memory: the trainer's when it holds that step (warm `rlx fit`), else loaded or replayed."""
         config = self.config.rollout_config
         if config.backend == "transformers":
             return TransformersSampler(self.policy(step), self.tokenizer, config)
-        from rlx.rollout.lmdeploy_backend import read_weights
-
         if self._lmdeploy is None:
-            self._lmdeploy = self.sampler_at(self.layout.step(step).policy)
-        elif self._lmdeploy_step != step:
-            in_memory = self._trainer_step == step
-            weights = self._trainer.module.state_dict() if in_memory else read_weights(self.layout.step(step).policy)
-            self._lmdeploy.load_weights(weights)
+            saved = [k for k in self.layout.checkpoints() if k <= step]
+            folder = self.layout.step(saved[-1]).policy if saved else self.config.load_from
+            self._lmdeploy, self._lmdeploy_step = self.sampler_at(folder), saved[-1] if saved else 0
+        if self._lmdeploy_step != step:
+            self._lmdeploy.load_weights(self.policy(step).state_dict())
         self._lmdeploy_step = step
         return self._lmdeploy
 
@@ -144,17 +162,68 @@ class Engines:
         return LMDeploySampler(folder, self.tokenizer, config)
 
     def trainer(self, step: int) -> PolicyTrainer:
-        """A trainer holding the policy after ``step`` steps, with its optimizer state (an LMDeploy
-        engine sleeps meanwhile, so the two do not compete for GPU memory)."""
-        if self._lmdeploy is not None:
-            self._lmdeploy.sleep()
-        if self._trainer_step != step:
-            paths = self.layout.step(step)
-            worker = self.config.train_worker_cfg
-            total_updates = self.total_steps * worker.optimizer_steps
-            self._trainer = PolicyTrainer(worker, paths.policy, paths.trainer_state, total_updates)
+        """A trainer holding the policy after ``step`` steps, with its optimizer state: the one in memory,
+        or loaded from the newest checkpoint at or before ``step`` that has an optimizer state, then
+        brought forward by replaying the recorded updates after it (checked by their fingerprints)."""
+        if self._trainer_step == step:
+            return self._trainer
+        root = self.replay_root(step)
+        if self._trainer_step is None or not root <= self._trainer_step < step:
+            self.make_room_for_training()
+            self._trainer = self.load_checkpoint(root)
+            self._trainer_step = root
+        if self._trainer_step < step:
+            from rlx.stages.train import replay
+
+            started = time.perf_counter()
+            replay(self.config, self._trainer, range(self._trainer_step + 1, step + 1), self)
+            self.replay_seconds += time.perf_counter() - started
+            log.info("replayed steps %d-%d in %.1f s", self._trainer_step + 1, step, time.perf_counter() - started)
             self._trainer_step = step
         return self._trainer
+
+    def replay_root(self, step: int) -> int:
+        """The newest checkpoint at or before ``step`` that a replay can start from (it has the optimizer
+        state; step 0's is the empty one)."""
+        roots = [k for k in self.layout.checkpoints() if k <= step and has_optimizer_state(self.layout.step(k))]
+        return roots[-1] if roots else 0  # the base model with a fresh optimizer, checkpoint 0 or not
+
+    def load_checkpoint(self, step: int) -> PolicyTrainer:
+        """The trainer of a checkpoint, its weights (DeepSpeed's copy in ``trainer_state``, which it loads
+        over the HF folder's) checked against the step's recorded fingerprint (step 0 without its
+        checkpoint: ``load_from`` with a fresh optimizer)."""
+        paths = self.layout.step(step)
+        policy = paths.policy if step or 0 in self.layout.checkpoints() else self.config.load_from
+        worker = self.config.train_worker_cfg
+        trainer = PolicyTrainer(worker, policy, paths.trainer_state, self.total_steps * worker.optimizer_steps)
+        if step:
+            self.checked(trainer.module, step, trainer.fingerprint, paths.trainer_state)
+        return trainer
+
+    def checked(self, model, step: int, measure=None, source: Path | None = None):
+        """``model``, once its weights match step ``step``'s recorded fingerprint (read in the recorded
+        dtypes, or as ``measure()`` gives it); a damaged or foreign checkpoint stops with one line."""
+        recorded = read_json(self.layout.step(step).weights_fingerprint)
+        problem = first_difference(recorded, measure() if measure else fingerprint(model, like=recorded))
+        if problem:
+            source = source or self.layout.step(step).policy
+            raise UserError(f"checkpoint {source} is not the policy step {step} recorded ({problem})")
+        return model
+
+    def make_room_for_training(self) -> None:
+        """An LMDeploy engine sleeps while the trainer works, so the two do not compete for GPU memory."""
+        if self._lmdeploy is not None:
+            self._lmdeploy.sleep()
+
+    def write_policy(self, step: int, folder: Path) -> Path:
+        """Step ``step``'s policy as a HF folder (written whole, under a temporary name first)."""
+        from rlx.artifacts import atomic_dir
+
+        with atomic_dir(folder) as tmp:
+            self.policy(step).save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            faults.point("policy.write")
+        return folder
 
     def trainer_advanced_to(self, step: int) -> None:
         """Record that the trainer's in-memory policy is now the one saved for ``step``."""

@@ -4,7 +4,8 @@ Everything is read from the run's own artifacts (no W&B account needed) as panda
 
     run = Run("runs/demo")
     run.history()              # one row per step: rewards, losses, eval accuracy, timings
-    run.samples(3)             # step 3's responses joined with their judgments and advantages
+    run.samples(3)             # step 3's responses joined with their judgments and the update's advantages
+    run.policy(12)             # a HF folder with step 12's policy (its checkpoint, or re-created by replay)
     run.eval_samples(30)       # the held-out answers of an evaluated step
     run.follow(prompt_index)   # one training prompt's responses at every step it was drawn
     compare(Run("a"), Run("b"))  # the params that differ, and the final metrics side by side
@@ -17,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 import yaml
 
-from rlx.algo import advantages
 from rlx.artifacts import read_json
 from rlx.errors import UserError
 from rlx.layout import RunLayout
@@ -78,30 +77,37 @@ class Run:
         return paths
 
     def samples(self, step: int) -> pd.DataFrame:
-        """A step's responses with their judgments and the advantages the trainer computed from them."""
+        """A step's responses with their judgments and what the update made of them (``update.parquet``:
+        the reward it used, KL, advantage, importance weights; empty until the step has trained)."""
         paths = self._step_dir(step)
         rollouts = pd.read_parquet(paths.rollouts)
         judged = pd.read_parquet(paths.judged).drop(columns=["step", "group", "sample"])
+        update = pd.read_parquet(paths.update) if paths.update.is_file() else pd.DataFrame(index=judged.index)
         prompts = pd.read_parquet(paths.prompts)[["group", "dataset", "index"]]
-        frame = pd.concat([rollouts.reset_index(drop=True), judged.reset_index(drop=True)], axis=1)
+        frame = pd.concat([rollouts.reset_index(drop=True), judged.reset_index(drop=True), update], axis=1)
         frame = frame.merge(prompts, on="group", how="left")
-        config = self.config()
-        estimator = config["advantage_estimator_config"]
-        group_size = config["dataflow_config"]["prompt_repeat_k"]
-        lengths = torch.tensor(frame["response_len"].to_numpy())
-        mask = (torch.arange(int(lengths.max())) < lengths.unsqueeze(-1)).float()
-        frame["advantage"] = advantages.compute(
-            estimator["type"],
-            torch.tensor(frame["reward"].to_numpy(), dtype=torch.float32),
-            group_size,
-            mask=mask,
-            eps=estimator["eps"],
-            k=estimator["k"],
-        ).numpy()
         frame["question"] = frame["prompt"].map(lambda p: json.loads(p)[-1]["content"])
         group_rewards = frame.groupby("group")["reward"]
         frame["zero_std_group"] = group_rewards.transform("std").fillna(0).eq(0)
         return frame.drop(columns=["prompt_ids", "response_ids", "rollout_logprobs", "prompt"])
+
+    def policy(self, step: int, out: Path | None = None) -> Path:
+        """A HF folder with step ``step``'s policy: its checkpoint if it has one (and no ``out`` is asked
+        for), else re-created by replay into ``out`` (default ``<work_dir>/materialized/step-N``, reused)."""
+        from rlx.config import load
+        from rlx.engines import Engines
+
+        paths = self.layout.step(step)
+        if not paths.weights_fingerprint.is_file():
+            raise UserError(f"{self.work_dir}: step {step} has no policy (trained steps: {self.steps()})")
+        folder = Path(out or self.work_dir / "materialized" / f"step-{step}")
+        if out is None and (folder / "config.json").is_file():
+            return folder
+        engines = Engines(load(self.layout.config, [f"work_dir={self.work_dir}"]))
+        if out is None and step in self.layout.checkpoints():
+            engines.policy(step)  # its weights checked against the step's fingerprint
+            return paths.policy
+        return engines.write_policy(step, folder)
 
     def eval_samples(self, step: int) -> pd.DataFrame:
         path = self.layout.step(step).eval_samples

@@ -18,8 +18,9 @@ POINTS = (
     *(f"{stage}.start" for stage in STAGES),  # before the stage does anything
     *(f"{stage}.metrics" for stage in STAGES),  # outputs written, metrics (the completion mark) not yet
     "train.optimizer_step",  # gradients accumulated, the optimizer step not yet taken
-    "train.save",  # the new policy saved, its optimizer state not yet
-    "export.copy",  # part of the HF export copied
+    "train.save",  # a checkpoint's policy saved, its optimizer state not yet
+    "replay.step",  # a recorded update re-applied, its fingerprint not yet checked
+    "policy.write",  # a policy folder (HF export, materialized step) written, not yet renamed into place
     "artifact.rename",  # any artifact written under its temporary name, not yet renamed into place
     "dvc.commit",  # the stages saved by DVC, dvc.lock not yet written
     "step.commit",  # dvc.lock (and the step's copy) written, done.json not yet

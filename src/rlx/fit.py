@@ -19,8 +19,9 @@ import os
 import shutil
 import sys
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -34,7 +35,9 @@ from rlx.errors import UserError
 from rlx.layout import ITERATION, RunLayout
 from rlx.record import edit_params, point_at_step, record_step, recorder, repair_dvc_lock
 from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
+from rlx.stages.checkpoint import is_due
 from rlx.tracking import Tracker
+from rlx.trainer import DEEPSPEED_TAG
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ def ensure_inputs(config: RLTrainerConfig) -> None:
 
 def first_step_to_run(config: RLTrainerConfig, engines: Engines) -> int:
     """The step after the last finished one, or that one again if an output of it was damaged since
-    (the next step reads its policy and optimizer state)."""
+    (the next step starts from its fingerprint and, if it wrote one, its checkpoint)."""
     done = engines.layout.completed_steps()
     if done and not config.auto_resume:
         raise UserError(
@@ -74,44 +77,98 @@ def first_step_to_run(config: RLTrainerConfig, engines: Engines) -> int:
 
 
 def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
-    """Keep the policy and optimizer state of steps 0, step - 1 and step (the pipeline reads them) and of
-    the newest ``checkpoint_maxkeep`` multiples of ``checkpoint_interval``; drop the others'."""
-    interval, keep = config.checkpoint_interval, config.checkpoint_maxkeep
-    checkpoints = [m for m in range(1, step + 1) if interval > 0 and m % interval == 0]
-    kept = {0, step - 1, step, *(checkpoints if keep < 0 else checkpoints[len(checkpoints) - keep :])}
-    for number in range(1, step + 1):
-        paths = layout.step(number)
-        if number not in kept:
-            shutil.rmtree(paths.policy, ignore_errors=True)
-            shutil.rmtree(paths.trainer_state, ignore_errors=True)
-        elif config.checkpoint_no_save_optimizer and number < step - 1:
-            for optimizer_state in paths.trainer_state.glob("*/*optim_states.pt"):
-                optimizer_state.unlink()
+    """Once ``step`` is done: of the checkpoints up to it, keep checkpoint 0 (the base model, the root of
+    any replay) and the newest ``checkpoint_maxkeep`` others; drop the older ones' weights. Under
+    ``checkpoint_no_save_optimizer`` every one but the newest also loses its optimizer state (only the
+    newest can resume the run). Later checkpoints, maybe still being written, are left alone."""
+    done = [k for k in layout.checkpoints() if k <= step]
+    later = [k for k in done if k > 0]
+    keep = config.checkpoint_maxkeep
+    for number in later[: max(0, len(later) - keep)] if keep > 0 else []:
+        shutil.rmtree(layout.step(number).policy, ignore_errors=True)
+        shutil.rmtree(layout.step(number).trainer_state, ignore_errors=True)
+    if config.checkpoint_no_save_optimizer:
+        for number in later[:-1]:
+            shutil.rmtree(layout.step(number).trainer_state / DEEPSPEED_TAG, ignore_errors=True)
 
 
-def run_step(config: RLTrainerConfig, step: int, engines: Engines) -> dict:
-    """Every stage of one step from the first one not complete on; returns the step's merged metrics."""
-    metrics, rerun = {}, False
+class BackgroundCheckpoints:
+    """Writes a step's checkpoint in a thread of its own while the next step prepares, rolls out and
+    judges (they only read the weights); the next update waits for it. DVC's record of a step is
+    queued behind its checkpoint, so a step is recorded (and done) only once its checkpoint is."""
+
+    def __init__(self, config: RLTrainerConfig, engines: Engines):
+        self.config, self.engines = config, engines
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-checkpoint")
+        self.pending: Future | None = None
+
+    def start(self, step: int) -> None:
+        self.pending = self.pool.submit(run_stage, "checkpoint", self.config, step, self.engines)
+
+    def wait(self) -> float:
+        """Block until the pending checkpoint is on disk (its error, if any, raised here); the seconds waited."""
+        started = time.perf_counter()
+        if self.pending is not None:
+            self.pending.result()
+        return time.perf_counter() - started
+
+    def record_after(self, record) -> Future:
+        """Run ``record`` (a callable returning the record's Future) once the pending checkpoint is written."""
+        written = self.pending
+
+        def when_written():
+            if written is not None:
+                written.result()  # a failed checkpoint is not recorded; its error stops the run at wait()
+            return record().result()
+
+        return self.pool.submit(when_written)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def run_step(config: RLTrainerConfig, step: int, engines: Engines, checkpoints: BackgroundCheckpoints) -> dict:
+    """Every stage of one step from the first one not complete on (a due checkpoint in the background);
+    returns the step's merged metrics, the checkpoint's still to come."""
+    metrics, rerun = {"time/checkpoint_wait": 0.0}, False
+    engines.replay_seconds = 0.0
     for name in ITERATION:
         rerun = rerun or not is_complete(name, step, engines)
-        if rerun:
-            run_stage(name, config, step, engines)
-        else:
+        if not rerun:
             refresh_curves(name, config, step, engines)
-        metrics.update(read_json(engines.layout.step(step).metrics(name)))
+            metrics.update(read_json(engines.layout.step(step).metrics(name)))
+        elif name == "checkpoint" and config.resources.num_workers == 1 and is_due(config, step, engines.total_steps):
+            engines.trainer(step)  # here, not in the thread: on resume it may have to replay first
+            checkpoints.start(step)
+        else:
+            if name == "train":
+                metrics["time/checkpoint_wait"] = checkpoints.wait()  # the previous step's, if still writing
+            metrics.update(run_stage(name, config, step, engines))
+    metrics["time/replay"] = engines.replay_seconds
     return metrics
+
+
+def newest_checkpoint(config: RLTrainerConfig, layout: RunLayout, step: int, total: int) -> int:
+    """The checkpoint a step's DVC record points at: its own if due, else the newest before it."""
+    return step if is_due(config, step, total) else max(k for k in [0, *layout.checkpoints()] if k <= step)
 
 
 def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Engines, console: Console) -> dict:
     """``debug_rollout``: prepare, roll out and judge one step, then stop, to check sampling and rewards."""
-    point_at_step(params, step)
-    if not is_complete("base", 0, engines):
-        run_stage("base", config, 0, engines)
+    point_at_step(params, step, newest_checkpoint(config, engines.layout, step - 1, engines.total_steps))
+    run_base(config, engines)
     metrics = {
         k: v for name in ("prepare", "rollout", "judge") for k, v in run_stage(name, config, step, engines).items()
     }
     console.print_json(data=metrics)
     return metrics
+
+
+def run_base(config: RLTrainerConfig, engines: Engines) -> None:
+    """Step 0: the base model's fingerprint and evaluation, then checkpoint 0 (unless already done)."""
+    for name in ("base", "checkpoint"):
+        if not is_complete(name, 0, engines):
+            run_stage(name, config, 0, engines)
 
 
 def fit(params: Path, overrides: list[str], console: Console | None = None) -> list[dict]:
@@ -144,9 +201,8 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
     history = []
     try:
         if start == 1:
-            point_at_step(params, 1)
-            if not is_complete("base", 0, engines):
-                run_stage("base", config, 0, engines)
+            point_at_step(params, 1, 0)
+            run_base(config, engines)
             tracker.log(0, read_json(layout.step(0).metrics("base")))
         with Progress(
             TextColumn("[bold]rlx fit"),
@@ -160,7 +216,7 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
             task = progress.add_task("", total=total, completed=start - 1)
 
             def finish(step: int, metrics: dict, recorded: Future) -> None:
-                """Wait for the step's DVC record, then log it and mark it done."""
+                """Wait for the step's checkpoint and DVC record, then log it and mark it done."""
                 waited = time.perf_counter()
                 try:
                     metrics["time/dvc_commit"] = recorded.result()
@@ -168,6 +224,7 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
                     raise RuntimeError(f"the process recording step {step} in DVC died; rerun to resume") from error
                 metrics["time/dvc"] = time.perf_counter() - waited  # what the step waited for DVC
                 metrics["time/step"] += metrics["time/dvc"]
+                metrics.update(read_json(layout.step(step).metrics("checkpoint")))
                 tracker.log(step, metrics)
                 write_json(metrics, layout.step(step).done)
                 faults.point("step.prune")
@@ -175,19 +232,26 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
                 history.append(metrics)
                 progress.update(task, advance=1, description=describe(metrics))
 
-            # DVC records step N in the background while step N+1 runs; a step counts as done (done.json)
-            # only once recorded, so a run killed before that re-records it on resume.
-            with recorder() as dvc:
-                pending = None
-                for step in range(start, total + 1):
-                    started = time.perf_counter()
-                    metrics = run_step(config, step, engines)
-                    metrics["time/step"] = time.perf_counter() - started
+            # DVC records step N in the background while step N+1 runs (behind N's checkpoint, if it writes
+            # one); a step counts as done (done.json) only once recorded, so a run killed before that
+            # re-records it on resume.
+            checkpoints = BackgroundCheckpoints(config, engines)
+            try:
+                with recorder() as dvc:
+                    pending = None
+                    for step in range(start, total + 1):
+                        started = time.perf_counter()
+                        metrics = run_step(config, step, engines, checkpoints)
+                        metrics["time/step"] = time.perf_counter() - started
+                        if pending:
+                            finish(*pending)
+                        newest = newest_checkpoint(config, layout, step, total)
+                        record = partial(dvc.submit, record_step, params, layout, step, newest)
+                        pending = (step, metrics, checkpoints.record_after(record))
                     if pending:
                         finish(*pending)
-                    pending = (step, metrics, dvc.submit(record_step, params, layout, step))
-                if pending:
-                    finish(*pending)
+            finally:
+                checkpoints.close()
     finally:
         tracker.close()
     return history

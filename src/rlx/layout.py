@@ -2,14 +2,16 @@
 
 ```
 <work_dir>/
-  step-0/policy/                  the base model, as the run's starting policy (HF folder)
-  step-0/trainer_state/           empty optimizer state
+  step-0/fingerprint.json         base: the base model's weights fingerprint (rlx.fingerprint)
   step-0/eval_samples.parquet     the base policy's evaluation (evaluator_config.enable_initial_evaluate)
+  step-0/policy/, trainer_state/  checkpoint 0: the base model and an empty optimizer state, the root of replay
   step-N/prompts.parquet          prepare: the step's prompt groups
   step-N/rollouts.parquet         rollout: token ids, text, log-probs, finish reason, lengths
   step-N/judged.parquet           judge: rewards per judger and in total, extracted answers, correctness
-  step-N/policy/                  train: the next policy (HF folder)
-  step-N/trainer_state/           train: DeepSpeed optimizer and scheduler state
+  step-N/update.parquet           train: per response, the reward, KL, advantage and importance weights the update used
+  step-N/fingerprint.json         train: the fingerprint of the policy after the update
+  step-N/policy/                  checkpoint (every checkpoint_interval and at the end): the policy (HF folder)
+  step-N/trainer_state/           checkpoint: DeepSpeed optimizer and scheduler state
   step-N/eval_samples.parquet     evaluate (every evaluate_step and at the end; empty otherwise)
   step-N/export.json              export: where the HF export went (every hf_interval and at the end)
   step-N/<stage>_metrics.json     what each stage measured, its wall time included (written last)
@@ -26,10 +28,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ITERATION = ["prepare", "rollout", "judge", "train", "evaluate", "export"]  # the stages of every step
+ITERATION = ["prepare", "rollout", "judge", "train", "checkpoint", "evaluate", "export"]  # every step's stages
 STAGES = ["base", *ITERATION]  # base: step 0, the starting policy and its evaluation
 
 
@@ -44,6 +47,8 @@ class StepPaths:
     prompts = _file("prompts.parquet")
     rollouts = _file("rollouts.parquet")
     judged = _file("judged.parquet")
+    update = _file("update.parquet")
+    weights_fingerprint = _file("fingerprint.json")
     policy = _file("policy")
     trainer_state = _file("trainer_state")
     eval_samples = _file("eval_samples.parquet")
@@ -75,6 +80,16 @@ class RunLayout:
     def completed_steps(self) -> list[int]:
         """Steps whose ``done.json`` exists, in order."""
         return self.steps_with("done.json")
+
+    def checkpoints(self) -> list[int]:
+        """Steps holding a finished checkpoint (its stage's metrics, written last, say it saved) that
+        retention has not pruned since, in order."""
+        return [
+            step
+            for step in self.steps_with("checkpoint_metrics.json")
+            if json.loads(self.step(step).metrics("checkpoint").read_text()).get("checkpoint/saved")
+            and (self.step(step).policy / "config.json").is_file()
+        ]
 
     @property
     def curves(self) -> Path:

@@ -47,22 +47,31 @@ def edit_params(path: Path, overrides: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def point_at_step(path: Path, step: int) -> None:
-    edit_params(path, [f"run.step={step}", f"run.prev={step - 1}"])
+def point_at_step(path: Path, step: int, checkpoint: int) -> None:
+    """Point params.yaml's ``run`` at a step and the newest checkpoint at or before it."""
+    edit_params(path, [f"run.step={step}", f"run.prev={step - 1}", f"run.checkpoint={checkpoint}"])
 
 
-def dvc_commit(root: Path) -> None:
-    """Record the iteration's stages (their deps, params and outs) in dvc.lock, as
-    `dvc commit -f base prepare ... export` would, with one parse of dvc.yaml and dvc.lock and one write
-    of the lock; other stages are left as they are. No run-cache entries: the run-cache cannot restore
-    a step (its policy and optimizer state are ``cache: false``) and writing them was a quarter of the
-    recording's time."""
+def recorded_checkpoint(root: Path) -> int | None:
+    """The checkpoint step dvc.lock records for the checkpoint stage (None: none yet)."""
+    try:
+        lock = yaml.safe_load((root / "dvc.lock").read_text())
+        return lock["stages"]["checkpoint"]["params"]["params.yaml"]["run.checkpoint"]
+    except (OSError, KeyError, TypeError):
+        return None
+
+
+def dvc_commit(root: Path, names: list[str]) -> None:
+    """Record stages ``names`` (their deps, params and outs) in dvc.lock, as `dvc commit -f NAMES` would,
+    with one parse of dvc.yaml and dvc.lock and one write of the lock; other stages are left as they
+    are. No run-cache entries: the run-cache cannot restore a step (its checkpoints are ``cache:
+    false``) and writing them was a quarter of the recording's time."""
     from dvc.dvcfile import load_file
     from dvc.repo import Repo
 
     with Repo(str(root)) as repo, repo.lock:
         dvcfile = load_file(repo, "dvc.yaml")
-        stages = [dvcfile.stages[name] for name in STAGES]
+        stages = [dvcfile.stages[name] for name in names]
         for stage in stages:
             stage.save(run_cache=False)
             stage.commit()
@@ -70,12 +79,14 @@ def dvc_commit(root: Path) -> None:
         dvcfile.dump_stages(stages, update_pipeline=False)
 
 
-def record_step(params: Path, layout: RunLayout, step: int) -> float:
-    """Point params.yaml at ``step``, commit its stages to DVC and keep a copy of the lock in the
+def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> float:
+    """Point params.yaml at ``step``, commit its stages to DVC (the checkpoint stage only when its
+    checkpoint is new: hashing a checkpoint is the one large cost) and keep a copy of the lock in the
     step's folder; returns the seconds it took."""
     started = time.perf_counter()
-    point_at_step(params, step)
-    dvc_commit(params.parent)
+    point_at_step(params, step, checkpoint)
+    new_checkpoint = recorded_checkpoint(params.parent) != checkpoint
+    dvc_commit(params.parent, [name for name in STAGES if new_checkpoint or name != "checkpoint"])
     copy_file(params.parent / "dvc.lock", layout.step(step).lock)
     faults.point("step.commit")
     return time.perf_counter() - started

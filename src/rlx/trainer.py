@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from rlx import distributed, faults
 from rlx.artifacts import read_json, write_json
 from rlx.config import LRConfig, WorkerConfig
+from rlx.fingerprint import fingerprint
 
 DEEPSPEED_TAG = "state"
 
@@ -165,25 +166,26 @@ class PolicyTrainer:
 
         return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()))
 
-    def rank_weight_spread(self) -> float:
-        """The largest difference between ranks of a fingerprint of the weights (sum and sum of
-        squares); data-parallel ranks must end every update identical, so anything but 0 is a bug."""
+    def fingerprint(self) -> dict:
+        """The weights' fingerprint (rlx.fingerprint), computed where they live (ZeRO-3 gathers them)."""
+        with self.full_parameters():
+            return fingerprint(self.engine.module)
+
+    def rank_weight_spread(self, own: dict) -> float:
+        """How many ranks' weights differ from rank 0's (by ``own``, this rank's fingerprint); data-parallel
+        ranks must end every update identical, so anything but 0 is a bug."""
         if distributed.world_size() == 1:
             return 0.0
-        fingerprint = torch.zeros(2, dtype=torch.float64)
-        with self.full_parameters(), torch.no_grad():
-            for parameter in self.engine.module.parameters():
-                values = parameter.detach().double().cpu()
-                fingerprint += torch.stack([values.sum(), values.square().sum()])
-        every = distributed.cat_across(fingerprint).view(-1, 2)
-        spread = float((every.max(dim=0).values - every.min(dim=0).values).max())
+        sums = torch.tensor([value for entry in own["tensors"].values() for value in entry[1:]], dtype=torch.int64)
+        every = distributed.cat_across(sums).view(distributed.world_size(), -1)
+        spread = float((every != every[0]).any(dim=1).sum())
         if spread:
-            raise RuntimeError(f"the training ranks' weights diverged (fingerprint spread {spread})")
+            raise RuntimeError(f"the training ranks' weights diverged ({spread:.0f} ranks differ from rank 0)")
         return spread
 
-    def save(self, policy_dir: Path, state_dir: Path, tokenizer, extra: dict) -> None:
+    def save(self, policy_dir: Path, state_dir: Path, tokenizer) -> None:
         """Write the policy as a HF folder (rank 0) and the optimizer/scheduler state beside it (every
-        rank its shard), each atomically. ``extra`` holds what else the next step needs (e.g. an
+        rank its shard), each atomically, with ``state``: what else the next step needs (e.g. an
         adaptive KL coefficient)."""
         with self.full_parameters(), distributed.atomic_dir_on_all_ranks(policy_dir) as tmp:
             if distributed.is_main():
@@ -193,5 +195,4 @@ class PolicyTrainer:
         with distributed.atomic_dir_on_all_ranks(state_dir) as tmp:
             self.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
             if distributed.is_main():
-                write_json({"global_steps": self.engine.global_steps, "extra": extra}, tmp / "state.json")
-        self.state = extra
+                write_json({"global_steps": self.engine.global_steps, "extra": self.state}, tmp / "state.json")

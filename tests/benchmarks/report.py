@@ -48,6 +48,8 @@ PHASES = (
     "time/train/forward_backward",
     "time/train/optimizer",
     "time/checkpoint",
+    "time/checkpoint_wait",
+    "time/fingerprint",
     "time/evaluate",
     "time/export",
     "time/dvc",
@@ -108,9 +110,10 @@ def overhead(runs: list[dict]) -> dict:
         outside = {
             "rollout outside generate": metrics["time/rollout"] - generate,
             "train: old log-probs": metrics["time/train/old_logprob"],
-            "checkpoint": metrics["time/checkpoint"],
+            "checkpoint (waited for)": metrics["time/checkpoint_wait"],
+            "fingerprint": metrics["time/fingerprint"],
             "train: rest": metrics["time/train"]
-            - metrics["time/checkpoint"]
+            - metrics["time/fingerprint"]
             - sum(metrics[f"time/train/{p}"] for p in ("old_logprob", "forward_backward", "optimizer")),
             **{name.removeprefix("time/"): metrics[name] for name in ("time/prepare", "time/evaluate", "time/export")},
             "dvc: waiting for the record": metrics["time/dvc"],
@@ -124,6 +127,37 @@ def overhead(runs: list[dict]) -> dict:
         "shares": shares,
         "median_dvc_record_s": statistics.median(records),
         "median_s": {name: statistics.median(values) for name, values in rest.items()},
+    }
+
+
+def lineage_cost(measured: dict) -> dict:
+    """One model size's run: medians over its steady non-checkpoint steps (not the first, nor a checkpoint
+    step, nor the one after it, which may wait for that checkpoint), and its checkpoint steps."""
+    history, responses = [{"step": n, **m} for n, m in enumerate(measured["history"], start=1)], 4
+    checkpoint_steps = [m["step"] for m in history if m.get("checkpoint/saved")]
+    plain = [m for m in history[1:] if not m.get("checkpoint/saved") and m["step"] - 1 not in checkpoint_steps]
+    compute = [
+        generate_seconds(m, responses) + m["time/train/forward_backward"] + m["time/train/optimizer"] for m in plain
+    ]
+    written = [m for m in history if m.get("checkpoint/saved")]
+    waited = [m["time/checkpoint_wait"] for m in history if m["step"] - 1 in checkpoint_steps]
+    update_s = statistics.median(m["time/train/forward_backward"] + m["time/train/optimizer"] for m in history)
+    replay = measured["replay"]
+    return {
+        "parameters": measured["parameters"],
+        "step_s": statistics.median(m["time/step"] for m in plain),
+        "compute_s": statistics.median(compute),
+        "overhead_s": statistics.median(m["time/step"] - c for m, c in zip(plain, compute, strict=True)),
+        "dvc_record_s": statistics.median(m["time/dvc_commit"] for m in plain),
+        "fingerprint_s": statistics.median(m["time/fingerprint"] for m in plain),
+        "bytes_kept": statistics.median(measured["bytes_kept"][str(m["step"])] for m in plain),
+        "rollout_bytes": statistics.median(measured["rollout_bytes"][str(m["step"])] for m in plain),
+        "checkpoint_write_s": statistics.median(m["time/checkpoint"] for m in written),
+        "checkpoint_bytes": statistics.median(m["checkpoint/bytes"] for m in written),
+        "next_step_waited_s": max(waited, default=0.0),
+        "replay_steps": replay["steps"],
+        "replay_s": replay["replay_s"],
+        "replay_per_update": ratio(replay["replay_s"], replay["steps"] * update_s),
     }
 
 
@@ -180,6 +214,9 @@ def figures(measured: dict) -> dict:
             name: {"step_s": statistics.median(m["warm_step_s"]), "peak_rss_mb": max(m["peak_rss_mb"])}
             for name, m in scaling.items()
         }
+    sizes = {name.removeprefix("model_size/"): m for name, m in measured.items() if name.startswith("model_size/")}
+    if sizes:
+        found["model_size"] = {name: lineage_cost(m) for name, m in sizes.items()}
     budget = {name.removeprefix("train_memory/"): m for name, m in measured.items() if name.startswith("train_memory/")}
     if budget:
         found["train_memory"] = {
@@ -288,6 +325,8 @@ def table(results: dict) -> str:
         lines += ["", "| Scaling (prompts × 8 responses, tokens each) | Warm step | Peak RSS |", "|---|---|---|"]
         for name, s in f["scaling"].items():
             lines.append(f"| {name} | {s['step_s']:.2f} s | {s['peak_rss_mb']:,.0f} MB |")
+    if "model_size" in f:
+        lines += ["", *model_size_table(f["model_size"])]
     if "train_memory" in f:
         lines += [
             "",
@@ -297,6 +336,24 @@ def table(results: dict) -> str:
         for name, s in f["train_memory"].items():
             lines.append(f"| {name} | {s['micro_batches']} | {s['peak_rise_mb']:,.0f} MB |")
     return "\n".join(lines)
+
+
+def model_size_table(sizes: dict) -> list[str]:
+    lines = [
+        "| Model (random-init Qwen3, 2 × 2 × 8 tokens) | Step | Compute | Overhead | DVC record | Fingerprint "
+        "| Kept per step (rollout artifacts) | Checkpoint (written in the background) | Next step waited "
+        "| Replay of 4 steps (÷ 4 updates) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in sizes.items():
+        lines.append(
+            f"| {name} ({s['parameters'] / 1e6:.1f} M) | {s['step_s']:.2f} s | {s['compute_s']:.2f} s "
+            f"| {s['overhead_s']:.2f} s | {s['dvc_record_s']:.2f} s | {s['fingerprint_s'] * 1000:.0f} ms "
+            f"| {s['bytes_kept'] / 1e3:.0f} kB ({s['rollout_bytes'] / 1e3:.0f} kB) "
+            f"| {s['checkpoint_bytes'] / 1e9:.2f} GB in {s['checkpoint_write_s']:.1f} s "
+            f"| {s['next_step_waited_s']:.2f} s | {s['replay_s']:.1f} s ({s['replay_per_update']:.2f}×) |"
+        )
+    return lines
 
 
 def render_readme(results: dict, readme: Path = README) -> None:

@@ -191,7 +191,42 @@ def train_memory(params: str, overrides: list[str], model_dir: str, train_file: 
     return {"baseline_peak_rss_mb": before, "peak_rss_mb": peak_rss_mb(), "micro_batches": len(micros)}
 
 
-WORKLOADS = {"fit": fit_run, "trl": trl_run, "train_memory": train_memory}
+def random_model(tokenizer_dir: str, out_dir: str, hidden: int, layers: int) -> dict:
+    """A random-init Qwen3 with the demo tokenizer (``hidden`` wide, ``layers`` deep, MLP 3x), saved as a
+    HF folder: a model of a real size that builds in seconds and downloads nothing."""
+    from transformers import AutoTokenizer
+
+    from rlx.config import TinyModelConfig
+    from rlx.tiny_model import create_model, save
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    shape = {"hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers}
+    model = create_model(TinyModelConfig(**shape, num_attention_heads=8, num_key_value_heads=4), tokenizer)
+    save(model, tokenizer, Path(out_dir))
+    return {"parameters": sum(p.numel() for p in model.parameters())}
+
+
+def materialize(project: str, work_dir: str, step: int, out: str) -> dict:
+    """Re-create a step's policy by replay (`rlx materialize`): the whole call's seconds and the replay's."""
+    import os
+
+    from rlx.config import load
+    from rlx.engines import Engines
+
+    os.chdir(project)
+    started = time.perf_counter()
+    engines = Engines(load(Path(work_dir) / "config.yaml", [f"work_dir={work_dir}"]))
+    engines.write_policy(step, Path(out))
+    return {"seconds": time.perf_counter() - started, "replay_s": engines.replay_seconds}
+
+
+WORKLOADS = {
+    "fit": fit_run,
+    "trl": trl_run,
+    "train_memory": train_memory,
+    "random_model": random_model,
+    "materialize": materialize,
+}
 
 if __name__ == "__main__":
     kind, arguments, out = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])

@@ -90,13 +90,6 @@ def engine_config(config: RolloutConfig):
     return lmdeploy.PytorchEngineConfig(**options)
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """A policy folder's tensors (one or several safetensors shards)."""
-    from safetensors.torch import load_file
-
-    return {name: tensor for shard in sorted(folder.glob("*.safetensors")) for name, tensor in load_file(shard).items()}
-
-
 class LMDeploySampler:
     """An LMDeploy pipeline kept for the whole run; :meth:`load_weights` moves it to a new policy."""
 

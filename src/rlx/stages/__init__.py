@@ -46,14 +46,19 @@ def output_files(name: str, paths) -> list[Path]:
     return files
 
 
-def fingerprint(file: Path) -> dict:
+def file_record(file: Path, hashed: bool = True) -> dict:
+    """A file's size and (unless ``hashed`` is off) sha256."""
+    if not hashed:
+        return {"size": file.stat().st_size}
     with open(file, "rb") as handle:
         return {"size": file.stat().st_size, "sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
 
 
 def record_outputs(name: str, paths) -> None:
-    """Size and hash of each output file, so a resume can tell them from truncated or corrupted ones."""
-    files = {str(f.relative_to(paths.dir)): fingerprint(f) for f in output_files(name, paths)}
+    """Size and hash of each output file, so a resume can tell them from truncated or corrupted ones
+    (sizes only for a stage whose outputs are checked otherwise, e.g. checkpoints by their fingerprint)."""
+    hashed = getattr(module(name), "hashes_outputs", True)
+    files = {str(f.relative_to(paths.dir)): file_record(f, hashed) for f in output_files(name, paths)}
     write_json(files, paths.outputs(name))
 
 
@@ -74,7 +79,7 @@ def damaged_output(name: str, paths) -> str | None:
             return f"{file}: missing"
         if file.stat().st_size != expected["size"]:
             return f"{file}: {file.stat().st_size} bytes, {expected['size']} when written (truncated?)"
-        if fingerprint(file)["sha256"] != expected["sha256"]:
+        if "sha256" in expected and file_record(file)["sha256"] != expected["sha256"]:
             return f"{file}: contents differ from what the stage wrote (corrupted)"
     return None
 
@@ -103,7 +108,8 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines) -> dict:
     that it finished."""
     stage, step = module(name), step_of(name, step)
     faults.point(f"{name}.start")
-    reseed(config, name, step)
+    if getattr(stage, "draws_random_numbers", True):  # not from a background thread, whose RNGs are the run's
+        reseed(config, name, step)
     started = time.perf_counter()
     metrics = stage.run(config, step, engines)
     metrics[f"time/{name}"] = time.perf_counter() - started

@@ -1,25 +1,22 @@
 """Stage ``base``: the run's starting point, step 0.
 
-Copies the base model (``load_from``) with its tokenizer into ``step-0/policy`` so every step reads
-its policy from the same place, writes an empty ``step-0/trainer_state``, and evaluates the base
-policy when ``evaluator_config.enable_initial_evaluate`` is set.
+Records the fingerprint of the base model (``load_from``) as step 0's, so the next step's stages
+depend on it as they depend on any step's policy, and evaluates the base policy when
+``evaluator_config.enable_initial_evaluate`` is set. Its copy as checkpoint 0, the root of every
+replay, is the checkpoint stage's.
 """
 
 from __future__ import annotations
 
-from rlx.artifacts import atomic_dir, write_json
+from rlx.artifacts import write_json
 from rlx.config import RLTrainerConfig
 from rlx.engines import load_policy
+from rlx.fingerprint import fingerprint
 from rlx.stages import evaluate
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    paths = engines.layout.step(0)
-    with atomic_dir(paths.policy) as tmp:
-        load_policy(config.load_from).save_pretrained(tmp, safe_serialization=True)
-        engines.tokenizer.save_pretrained(tmp)
-    with atomic_dir(paths.trainer_state) as tmp:
-        write_json({"global_steps": 0}, tmp / "state.json")
+    write_json(fingerprint(load_policy(config.load_from)), engines.layout.step(0).weights_fingerprint)
     return evaluate.run(config, 0, engines)
 
 
@@ -28,4 +25,4 @@ def after_run(config: RLTrainerConfig, step: int, engines) -> None:
 
 
 def outputs(paths) -> list:
-    return [paths.policy, paths.trainer_state, paths.eval_samples]
+    return [paths.weights_fingerprint, paths.eval_samples]

@@ -1,8 +1,8 @@
 """Stage ``export``: the policy as a standalone HF folder every ``hf_interval`` steps and at the end.
 
 Output ``step-N/export.json``: whether the step exported, where, and each file's sha256. The folder
-itself is ``hf/step-N`` (config, safetensors, tokenizer, chat template); only the newest
-``hf_max_keep`` stay.
+itself is ``hf/step-N`` (config, safetensors, tokenizer, chat template), written from the policy in
+memory (or re-created by replay), so an export needs no checkpoint; only the newest ``hf_max_keep`` stay.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 
-from rlx import faults
-from rlx.artifacts import atomic_dir, write_json
+from rlx.artifacts import write_json
 from rlx.config import RLTrainerConfig
 
 
@@ -23,11 +22,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths, layout = engines.layout.step(step), engines.layout
     record = {"step": step, "exported": False}
     if is_due(config, step, engines.total_steps):
-        target = layout.hf_export(step)
-        with atomic_dir(target) as tmp:
-            for file in sorted(paths.policy.iterdir()):
-                shutil.copy2(file, tmp / file.name)
-                faults.point("export.copy")
+        target = engines.write_policy(step, layout.hf_export(step))
         files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(target.iterdir())}
         record.update(exported=True, path=str(target), files=files)
         prune_exports(layout, config.hf_max_keep)

@@ -3,8 +3,12 @@
 Old log-probs are recomputed by the training engine (the rollout engine's are kept to measure the
 mismatch; with a single update per batch they come from the loss's own forward), the step's samples
 are split into ``optimizer_steps`` mini-batches, each cut into micro-batches that fit the
-``pack_max_length`` token budget, and each mini-batch ends in one DeepSpeed optimizer step. Outputs
-the next policy (``step-N/policy``) and optimizer state (``step-N/trainer_state``).
+``pack_max_length`` token budget, and each mini-batch ends in one DeepSpeed optimizer step.
+
+Outputs are small whatever the model's size: ``step-N/update.parquet`` (per response, the numbers
+the update used) and ``step-N/fingerprint.json`` (of the weights after it). The update is
+deterministic in its inputs, the seed and the step, so ``replay`` re-creates any step's policy from
+an earlier checkpoint, and the fingerprints prove it did.
 """
 
 from __future__ import annotations
@@ -14,21 +18,36 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import pyarrow as pa
 import torch
 
-from rlx import distributed
+from rlx import distributed, faults
 from rlx.algo import advantages as adv
 from rlx.algo import kl as kl_estimators
 from rlx.algo.correction import importance_weights, mismatch_metrics
 from rlx.algo.kl import adaptive_kl_coef
 from rlx.algo.losses import aggregate, policy_loss
-from rlx.artifacts import DiskFullError, read_rows
+from rlx.artifacts import read_json, read_rows, write_json, write_rows
 from rlx.config import LossConfig, RLTrainerConfig
 from rlx.errors import UserError
+from rlx.fingerprint import first_difference
+from rlx.stages.checkpoint import save_trainer
 from rlx.stages.curves import write_curve
 from rlx.trainer import TokenBatch, token_logprobs
 
 log = logging.getLogger(__name__)
+
+UPDATE_SCHEMA = pa.schema(
+    [
+        ("reward_used", pa.float64()),  # what the advantages were computed from (judged reward - KL penalty)
+        ("kl", pa.float64()),  # the response's summed KL to the reference, when use_kl_in_reward
+        ("advantage", pa.float64()),
+        ("is_weight_mean", pa.float64()),  # importance weights over the response's tokens (rollout correction)
+        ("is_weight_min", pa.float64()),
+        ("is_weight_max", pa.float64()),
+        ("old_logprob_source", pa.string()),  # the loss's own forward, or a separate no-grad pass
+    ]
+)
 
 
 def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
@@ -184,39 +203,109 @@ def response_mask(rollouts: list[dict]) -> torch.Tensor:
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
+    """Update the policy of step - 1 with the step's judged rollouts; record the update's numbers and
+    the new weights' fingerprint (the weights themselves are the checkpoint stage's)."""
     if config.resources.num_workers > 1 and not distributed.launched():
         return distributed.launch_stage("train", config, step, engines.layout.step(step).dir)
-    loss_cfg, estimator = config.train_worker_cfg.loss_cfg, config.advantage_estimator_config
+    trainer = engines.trainer(step - 1)
+    engines.make_room_for_training()
+    metrics, numbers = update(config, step, engines, trainer)
+    started = time.perf_counter()
+    weights = trainer.fingerprint()
+    metrics["time/fingerprint"] = time.perf_counter() - started
+    metrics["train/rank_weight_spread"] = trainer.rank_weight_spread(weights)
+    engines.trainer_advanced_to(step)
+    paths = engines.layout.step(step)
+    if distributed.is_main():
+        write_rows(numbers, paths.update, schema=UPDATE_SCHEMA)
+        write_json(weights, paths.weights_fingerprint)
+    if distributed.launched():
+        save_trainer(trainer, step, engines)  # the ranks end with this step: the next ones start from the files
+    return metrics
+
+
+def replay(config: RLTrainerConfig, trainer, steps: range, engines) -> None:
+    """Re-apply the recorded updates of ``steps`` to ``trainer`` (no generation: the judged rollouts are
+    on disk), checking the weights against each step's recorded fingerprint."""
+    from rlx.stages import reseed
+
+    for step in steps:
+        paths = engines.layout.step(step)
+        missing = [p.name for p in (paths.rollouts, paths.judged, paths.weights_fingerprint) if not p.is_file()]
+        if missing:
+            raise UserError(
+                f"cannot re-create the policy of step {steps[-1]} of {engines.layout.work_dir}: step {step}'s "
+                f"{', '.join(missing)} missing (deleted?); replay needs every step after the checkpoint it starts from"
+            )
+        reseed(config, "train", step)
+        update(config, step, engines, trainer)
+        faults.point("replay.step")
+        problem = first_difference(read_json(paths.weights_fingerprint), trainer.fingerprint())
+        if problem:
+            raise UserError(
+                f"replaying step {step} of {engines.layout.work_dir} did not re-create its policy ({problem}): "
+                "training was not deterministic (on a GPU: set CUBLAS_WORKSPACE_CONFIG=:4096:8 and use "
+                "deterministic kernels), or the step's records or code changed since it ran"
+            )
+
+
+def update(config: RLTrainerConfig, step: int, engines, trainer) -> tuple[dict, list[dict]]:
+    """The step's policy update, in place on ``trainer``: its metrics and, per response, the numbers
+    it used (``update.parquet``)."""
     paths = engines.layout.step(step)
     rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
-    trainer = engines.trainer(step - 1)
-    temperature = config.dataflow_config.sample_params.temperature or 1.0
-    timings, extra = defaultdict(float), {}
-
     started = time.perf_counter()
     minis = prepare_micro_batches(config, rollouts, trainer, engines)
-    timings["time/train/old_logprob"] = time.perf_counter() - started
-
-    rewards = torch.tensor([row["reward"] for row in judged], dtype=torch.float32)
-    kl_coef = trainer.state.get("kl_coef", estimator.kl_ctrl.kl_coef)
-    if estimator.use_kl_in_reward:
-        kl = kl_in_reward(config, minis, len(rollouts))
-        rewards = rewards - kl_coef * kl
-        extra.update({"train/kl_in_reward": kl.mean().item(), "train/kl_in_reward_coef": kl_coef})
-        if estimator.kl_ctrl.type == "adaptive":
-            ctrl = estimator.kl_ctrl
-            kl_coef = adaptive_kl_coef(kl_coef, kl.mean().item(), ctrl.target_kl, ctrl.horizon, len(rollouts))
+    timings = {"time/train/old_logprob": time.perf_counter() - started}
+    rewards, kl, extra = shaped_rewards(config, minis, judged, trainer)
     advantages = adv.compute(
-        estimator.type,
+        config.advantage_estimator_config.type,
         rewards,
         config.dataflow_config.prompt_repeat_k,
         mask=response_mask(rollouts),
-        eps=estimator.eps,
-        k=estimator.k,
+        eps=config.advantage_estimator_config.eps,
+        k=config.advantage_estimator_config.k,
     )
-    correction = loss_cfg.rollout_correction
     every = [m for micros in minis for m in micros]
-    for micro in every:
+    attach_weights(config.train_worker_cfg.loss_cfg.rollout_correction, every, advantages)
+    metrics = apply_updates(config, step, minis, trainer, timings)
+    kept = [m for m in every if m.weight]
+    mismatch = mismatch_metrics(
+        all_ranks(m.old_logp for m in kept),
+        all_ranks(m.rollout_logp for m in kept),
+        all_ranks(m.batch.mask for m in kept),
+    )
+    tokens = sum(row["prompt_len"] + row["response_len"] for row in rollouts)
+    busy = timings["time/train/forward_backward"] + timings["time/train/optimizer"]
+    metrics.update(mismatch | extra | timings)
+    metrics.update({"train/advantages/abs_mean": advantages.abs().mean().item(), "train/tokens": tokens})
+    metrics["train/world_size"] = distributed.world_size()
+    metrics["perf/train_tokens_per_s"] = tokens / busy
+    return metrics, per_response_numbers(config, rewards, kl, advantages, kept, len(rollouts))
+
+
+def shaped_rewards(config: RLTrainerConfig, minis, judged: list[dict], trainer):
+    """The rewards the advantages are computed from: the judged ones, less the KL penalty when
+    ``use_kl_in_reward`` (its coefficient adapted and kept in the trainer's state); with the KL and metrics."""
+    estimator = config.advantage_estimator_config
+    rewards = torch.tensor([row["reward"] for row in judged], dtype=torch.float32)
+    kl_coef = trainer.state.get("kl_coef", estimator.kl_ctrl.kl_coef)
+    trainer.state["kl_coef"] = kl_coef
+    if not estimator.use_kl_in_reward:
+        return rewards, None, {}
+    kl = kl_in_reward(config, minis, len(judged))
+    extra = {"train/kl_in_reward": kl.mean().item(), "train/kl_in_reward_coef": kl_coef}
+    if estimator.kl_ctrl.type == "adaptive":
+        ctrl = estimator.kl_ctrl
+        trainer.state["kl_coef"] = adaptive_kl_coef(
+            kl_coef, kl.mean().item(), ctrl.target_kl, ctrl.horizon, len(judged)
+        )
+    return rewards - kl_coef * kl, kl, extra
+
+
+def attach_weights(correction, micros: list[Micro], advantages: torch.Tensor) -> None:
+    """Give each micro-batch its advantages and, under rollout correction, its importance weights."""
+    for micro in micros:
         micro.advantages = advantages[micro.indices]
         if correction.enabled:
             micro.token_weights = importance_weights(
@@ -229,14 +318,19 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
                 threshold_low=correction.threshold_low,
             )
 
+
+def apply_updates(config: RLTrainerConfig, step: int, minis, trainer, timings: dict) -> dict:
+    """One optimizer step per mini-batch (a non-finite one skipped and counted); the update's metrics."""
+    loss_cfg, sampling = config.train_worker_cfg.loss_cfg, config.dataflow_config.sample_params
+    temperature = sampling.temperature or 1.0
     totals, updates = defaultdict(float), defaultdict(float)
-    skipped, nonfinite_in_a_row, applied_tokens = 0, trainer.state.get("nonfinite_in_a_row", 0), 0
-    norm_length = config.dataflow_config.sample_params.max_tokens
+    skipped, applied_tokens = 0, 0
+    timings.update({"time/train/forward_backward": 0.0, "time/train/optimizer": 0.0})
     for number, micros in enumerate(minis, start=1):
         started = time.perf_counter()
         mini = defaultdict(float)
         for micro in micros:
-            loss, values = micro_loss(trainer, micro, loss_cfg, temperature, norm_length)
+            loss, values = micro_loss(trainer, micro, loss_cfg, temperature, sampling.max_tokens)
             trainer.backward(loss * distributed.world_size())  # DeepSpeed averages gradients over ranks
             for name, value in values.items():
                 mini[name] += value
@@ -244,11 +338,12 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         started = time.perf_counter()
         update = trainer.optimizer_step(mini["loss"])
         timings["time/train/optimizer"] += time.perf_counter() - started
-        if update.pop("skipped"):
-            skipped, nonfinite_in_a_row = skipped + 1, nonfinite_in_a_row + 1
-            check_nonfinite(config, step, number, mini["loss"], update["grad_norm"], nonfinite_in_a_row)
+        in_a_row = trainer.state.get("nonfinite_in_a_row", 0) + 1 if update.pop("skipped") else 0
+        trainer.state["nonfinite_in_a_row"] = in_a_row
+        if in_a_row:
+            skipped += 1
+            check_nonfinite(config, step, number, mini["loss"], update["grad_norm"], in_a_row)
             continue
-        nonfinite_in_a_row = 0
         applied_tokens += micros[0].mini_tokens
         for name, value in mini.items():
             totals[name] += value
@@ -256,42 +351,46 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
             updates[name] += value
     summed = distributed.sum_across(torch.tensor(list(totals.values()), dtype=torch.float64))
     totals = dict(zip(totals, summed.tolist(), strict=True))
-    extra["train/world_size"] = distributed.world_size()
-    extra["train/rank_weight_spread"] = trainer.rank_weight_spread()
-
-    started = time.perf_counter()
-    save_checkpoint(trainer, step, engines, {"kl_coef": kl_coef, "nonfinite_in_a_row": nonfinite_in_a_row})
-    timings["time/checkpoint"] = time.perf_counter() - started
-    per_update = {"loss", "pg_loss", "entropy", "kl"}
     applied = len(minis) - skipped
+    per_update = {"loss", "pg_loss", "entropy", "kl"}
     metrics = {
         f"train/{name}": value / (applied if name in per_update else max(1, applied_tokens))
         for name, value in totals.items()
     }
     metrics.update({f"train/{name}": value / max(1, applied) for name, value in updates.items()})
     metrics["train/skipped_updates"] = skipped
-    kept = [m for m in every if m.weight]
-    mismatch = mismatch_metrics(
-        all_ranks(m.old_logp for m in kept),
-        all_ranks(m.rollout_logp for m in kept),
-        all_ranks(m.batch.mask for m in kept),
-    )
-    tokens = sum(row["prompt_len"] + row["response_len"] for row in rollouts)
-    busy = timings["time/train/forward_backward"] + timings["time/train/optimizer"]
-    return {
-        **metrics,
-        **mismatch,
-        **extra,
-        **timings,
-        "train/advantages/abs_mean": advantages.abs().mean().item(),
-        "train/tokens": tokens,
-        "perf/train_tokens_per_s": tokens / busy,
-    }
+    return metrics
+
+
+def per_response_numbers(config, rewards, kl, advantages, micros: list[Micro], count: int) -> list[dict]:
+    """What the update used for each response, in rollout order: reward (after any KL penalty), the
+    response's summed KL, its advantage, and the mean/min/max of its importance weights."""
+    weights = torch.full((count, 3), float("nan"), dtype=torch.float64)
+    for micro in (m for m in micros if m.token_weights is not None):
+        mask = micro.batch.mask > 0
+        for row, index in enumerate(micro.indices):
+            values = micro.token_weights[row][mask[row]].double()
+            if values.numel():
+                weights[index] = torch.stack([values.mean(), values.min(), values.max()])
+    weights = distributed.cat_across(weights.flatten()).view(-1, count, 3).nan_to_num(nan=float("inf")).amin(dim=0)
+    source = "loss forward" if reuses_old_logprobs(config) else "no-grad pass"
+    return [
+        {
+            "reward_used": float(rewards[i]),
+            "kl": None if kl is None else float(kl[i]),
+            "advantage": float(advantages[i]),
+            "is_weight_mean": None if weights[i, 0].isinf() else float(weights[i, 0]),
+            "is_weight_min": None if weights[i, 1].isinf() else float(weights[i, 1]),
+            "is_weight_max": None if weights[i, 2].isinf() else float(weights[i, 2]),
+            "old_logprob_source": source,
+        }
+        for i in range(count)
+    ]
 
 
 def check_nonfinite(config: RLTrainerConfig, step: int, number: int, loss: float, norm: float, in_a_row: int) -> None:
     """Warn about a skipped optimizer step; stop the run once ``max_consecutive_nonfinite`` were skipped
-    in a row (before anything of this step is saved, so the last good checkpoint stays as it is)."""
+    in a row (before anything of this step is recorded, so a rerun starts again from the step before)."""
     limit = config.train_worker_cfg.max_consecutive_nonfinite
     log.warning(
         "step %d, mini-batch %d: loss %s, grad norm %s are not finite; the update was skipped (%d in a row, limit %d)",
@@ -301,21 +400,10 @@ def check_nonfinite(config: RLTrainerConfig, step: int, number: int, loss: float
         raise UserError(
             f"train: {in_a_row} optimizer steps in a row had a non-finite loss or gradient norm (the last at step "
             f"{step}, mini-batch {number}: loss {loss}, grad norm {norm}), reaching "
-            f"train_worker_cfg.max_consecutive_nonfinite={limit}; the last good checkpoint step-{step - 1} is "
-            "intact. Check the rewards (judge/errors) or lower train_worker_cfg.optim_cfg.lr, then rerun"
+            f"train_worker_cfg.max_consecutive_nonfinite={limit}; nothing of step {step} was recorded, step "
+            f"{step - 1} is the last good one. Check the rewards (judge/errors) or lower "
+            "train_worker_cfg.optim_cfg.lr, then rerun"
         )
-
-
-def save_checkpoint(trainer, step: int, engines, extra: dict) -> None:
-    """Save the step's policy and optimizer state; a full disk is reported with what is still intact."""
-    paths = engines.layout.step(step)
-    try:
-        trainer.save(paths.policy, paths.trainer_state, engines.tokenizer, extra)
-    except DiskFullError as exc:
-        raise DiskFullError(
-            exc.path, f"the previous checkpoint step-{step - 1} is intact: free some space and rerun to resume from it"
-        ) from None
-    engines.trainer_advanced_to(step)
 
 
 def after_run(config: RLTrainerConfig, step: int, engines) -> None:
@@ -324,4 +412,4 @@ def after_run(config: RLTrainerConfig, step: int, engines) -> None:
 
 
 def outputs(paths) -> list:
-    return [paths.policy, paths.trainer_state]
+    return [paths.update, paths.weights_fingerprint]

@@ -1,0 +1,65 @@
+"""Stage ``checkpoint``: the full policy and optimizer state, only every ``checkpoint_interval`` steps.
+
+A step's own record is small (its rollouts, judgments, update numbers and a weights fingerprint);
+the policy of any step is re-created from the newest checkpoint before it by replaying the recorded
+updates (``Engines.trainer``). So weights are written only here: at step 0 (the base model and an
+empty optimizer state, the root every replay can start from), every ``checkpoint_interval`` steps
+and at the last step. With several workers every step is a checkpoint, written by the training
+ranks themselves: they live for one step only, and the next step's ranks start from the files.
+
+`rlx fit` runs this stage in a background thread while the next step prepares, rolls out and
+judges (nothing there changes the weights); the next update waits for it. Outputs: ``policy/`` (HF
+folder) and ``trainer_state/`` (DeepSpeed), each written whole under a temporary name, so a kill
+mid-write leaves the previous checkpoint as it was. The metrics file, written last, marks it done.
+"""
+
+from __future__ import annotations
+
+from rlx.artifacts import DiskFullError, atomic_dir, write_json
+from rlx.config import RLTrainerConfig
+from rlx.engines import load_policy
+
+draws_random_numbers = False  # safe in a background thread: nothing here reseeds the run's RNGs
+hashes_outputs = False  # gigabytes at real sizes; a loaded checkpoint is checked by its weights fingerprint
+
+
+def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
+    interval = config.checkpoint_interval
+    every_step = config.resources.num_workers > 1  # the next step's ranks start from the files
+    return step in (0, total_steps) or every_step or (interval > 0 and step % interval == 0)
+
+
+def run(config: RLTrainerConfig, step: int, engines) -> dict:
+    if not is_due(config, step, engines.total_steps):
+        return {"checkpoint/saved": 0}
+    paths = engines.layout.step(step)
+    if step == 0:
+        save_base(config, paths, engines.tokenizer)
+    elif config.resources.num_workers == 1:
+        save_trainer(engines.trainer(step), step, engines)
+    size = sum(f.stat().st_size for out in outputs(paths) for f in out.rglob("*") if f.is_file())
+    return {"checkpoint/saved": 1, "checkpoint/bytes": size}
+
+
+def save_base(config: RLTrainerConfig, paths, tokenizer) -> None:
+    """Checkpoint 0: the base model as the run's starting policy, with an empty optimizer state."""
+    with atomic_dir(paths.policy) as tmp:
+        load_policy(config.load_from).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    with atomic_dir(paths.trainer_state) as tmp:
+        write_json({"global_steps": 0}, tmp / "state.json")
+
+
+def save_trainer(trainer, step: int, engines) -> None:
+    """The trainer's policy and optimizer state; a full disk is reported with what is still intact."""
+    paths = engines.layout.step(step)
+    try:
+        trainer.save(paths.policy, paths.trainer_state, engines.tokenizer)
+    except DiskFullError as exc:
+        previous = [k for k in engines.layout.checkpoints() if k < step]
+        intact = f"the previous checkpoint step-{previous[-1]} is intact" if previous else "no checkpoint was lost"
+        raise DiskFullError(exc.path, f"{intact}: free some space and rerun to resume from it") from None
+
+
+def outputs(paths) -> list:
+    return [paths.policy, paths.trainer_state] if paths.policy.exists() else []

@@ -1,0 +1,172 @@
+"""Lineage without per-step weights: the fingerprint notices any change, any step's policy is re-created
+exactly by replaying its recorded updates, and a run whose records were deleted or edited is refused
+with one line. A real short `rlx fit` (checkpoints at 0, 2 and 3) and the real CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import make_project
+from rlx.artifacts import read_json
+from rlx.cli import main
+from rlx.explore import Run
+from rlx.fingerprint import fingerprint, first_difference
+from rlx.layout import RunLayout
+
+pytestmark = pytest.mark.slow
+
+
+class Weights(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.a = torch.nn.Parameter(torch.randn(3000, generator=generator).to(dtype))
+        self.b = torch.nn.Parameter(torch.randn(7, 5, generator=generator).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_fingerprint_changes_with_any_single_element_and_with_a_swap(dtype):
+    module = Weights(dtype)
+    before = fingerprint(module)
+    assert fingerprint(Weights(dtype)) == before
+    bits = module.a.data.view(torch.int32 if dtype == torch.float32 else torch.int16)
+    for position in (0, 1, 1234, 2999):
+        bits[position] += 1  # the least change: the next representable number
+        assert first_difference(before, fingerprint(module)) == "parameter a differs"
+        bits[position] -= 1
+    assert fingerprint(module) == before
+    with torch.no_grad():
+        module.b[[0, 1]] = module.b[[1, 0]]  # same values, other places
+    assert first_difference(before, fingerprint(module)) == "parameter b differs"
+    assert (
+        first_difference(before, fingerprint(Weights(torch.float16)))
+        == "parameter a differs (dtype float16, recorded " + str(dtype).removeprefix("torch.") + ")"
+    )
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_model) -> Path:
+    """A finished 3-step run with checkpoints kept at 0, 2 and 3; step 1 has no weights of its own."""
+    from rlx.fit import fit
+
+    project = make_project(tmp_path_factory.mktemp("lineage"), tiny_model)
+    overrides = ["rollout_steps=3", "checkpoint_maxkeep=-1", "evaluator_config.enable_evaluate=false"]
+    fit(project / "params.yaml", [*overrides, "wandb.enabled=false"])
+    assert RunLayout(project / "runs/demo").checkpoints() == [0, 2, 3]
+    return project
+
+
+@contextlib.contextmanager
+def inside(folder: Path):
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def rlx(argv: list[str], project: Path, capsys) -> tuple[int, str, str]:
+    """The command's exit code, output and its last line on stderr (transformers' loading bars, shown in
+    this process since it imported transformers before the CLI could silence them, come before)."""
+    with inside(project), pytest.raises(SystemExit) as exited:
+        main(argv)
+    captured = capsys.readouterr()
+    return exited.value.code, captured.out, (captured.err.splitlines() or [""])[-1] + "\n"
+
+
+def weights_fingerprint(folder: Path) -> dict:
+    from rlx.engines import load_policy
+
+    return fingerprint(load_policy(folder))
+
+
+def test_materialize_re_creates_an_unsaved_step_exactly(finished, capsys, tmp_path):
+    work_dir = finished / "runs/demo"
+    code, out, err = rlx(
+        ["materialize", "runs/demo", "--step", "1", "--out", str(tmp_path / "step-1")], finished, capsys
+    )
+    assert code == 0, err
+    assert weights_fingerprint(tmp_path / "step-1") == read_json(work_dir / "step-1/fingerprint.json")
+    # A checkpoint is the step's policy itself; written elsewhere on request, it has the same weights.
+    code, _, err = rlx(["materialize", "runs/demo", "--step", "3", "--out", str(tmp_path / "step-3")], finished, capsys)
+    assert code == 0, err
+    assert (
+        load_file(tmp_path / "step-3/model.safetensors").keys()
+        == load_file(work_dir / "step-3/policy/model.safetensors").keys()
+    )
+    assert weights_fingerprint(tmp_path / "step-3") == read_json(work_dir / "step-3/fingerprint.json")
+
+
+def test_eval_and_explore_use_any_step(finished, capsys):
+    code, out, err = rlx(
+        ["eval", "runs/demo", "--step", "1", "--data", "data/arith/test.parquet", "--max-tokens", "8"], finished, capsys
+    )
+    assert code == 0, err
+    assert "eval/accuracy" in out
+    assert (finished / "runs/demo/materialized/step-1/config.json").is_file()
+    samples = Run(finished / "runs/demo").samples(2)
+    update = pd.read_parquet(finished / "runs/demo/step-2/update.parquet")
+    assert samples["advantage"].tolist() == update["advantage"].tolist()
+    assert samples["reward_used"].tolist() == samples["reward"].tolist()  # no KL in the reward here
+
+
+@pytest.fixture
+def copy(finished, tmp_path) -> Path:
+    return Path(shutil.copytree(finished, tmp_path / "project", symlinks=True))
+
+
+def edit_rewards(path: Path) -> None:
+    """Rewards that surely move the update: one winner per group, not the one the judge picked."""
+    frame = pd.read_parquet(path)
+    for winner in (0, 1):
+        edited = (frame["sample"] == winner).astype(float)
+        if not edited.equals(frame["reward"]):
+            break
+    frame["reward"] = edited
+    frame.to_parquet(path, index=False)
+
+
+def test_a_step_that_does_not_exist_or_whose_records_are_gone_is_refused(copy, capsys):
+    code, out, err = rlx(["materialize", "runs/demo", "--step", "9"], copy, capsys)
+    assert (code, err) == (2, "error: runs/demo: step 9 has no policy (trained steps: [1, 2, 3])\n")
+    (copy / "runs/demo/step-1/rollouts.parquet").unlink()
+    code, out, err = rlx(["materialize", "runs/demo", "--step", "1", "--out", "one"], copy, capsys)
+    assert (code, err) == (
+        2,
+        "error: cannot re-create the policy of step 1 of runs/demo: step 1's rollouts.parquet missing (deleted?); "
+        "replay needs every step after the checkpoint it starts from\n",
+    )
+
+
+def test_edited_records_are_caught_by_the_fingerprint(copy, capsys):
+    edit_rewards(copy / "runs/demo/step-1/judged.parquet")
+    code, out, err = rlx(["materialize", "runs/demo", "--step", "1", "--out", "one"], copy, capsys)
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("error: replaying step 1 of runs/demo did not re-create its policy (parameter ")
+    assert "training was not deterministic (on a GPU: set CUBLAS_WORKSPACE_CONFIG" in err
+
+
+def test_a_damaged_checkpoint_is_refused_and_a_missing_one_replayed_around(copy, capsys):
+    work_dir = copy / "runs/demo"
+    shutil.rmtree(work_dir / "step-3/policy")  # step 3 now replays from checkpoint 2
+    code, _, err = rlx(["materialize", "runs/demo", "--step", "3", "--out", "three"], copy, capsys)
+    assert code == 0, err
+    assert weights_fingerprint(copy / "three") == read_json(work_dir / "step-3/fingerprint.json")
+    weights = load_file(work_dir / "step-2/policy/model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1
+    save_file(weights, work_dir / "step-2/policy/model.safetensors", metadata={"format": "pt"})
+    code, _, err = rlx(["materialize", "runs/demo", "--step", "2"], copy, capsys)
+    assert (code, err) == (
+        2,
+        f"error: checkpoint runs/demo/step-2/policy is not the policy step 2 recorded (parameter {name} differs)\n",
+    )
