@@ -8,12 +8,13 @@ import time
 
 import pytest
 
-from conftest import DATA
-from rlx.config import JudgerConfig
+from conftest import DATA, PARAMS, ROOT
+from rlx.config import JudgerConfig, load, preset_overrides
 from rlx.errors import UserError
 from rlx.judgers import Panel, available, get, score_batch
 from rlx.judgers.math import last_boxed
 from rlx.judgers.numeric import to_number
+from rlx.stages.evaluate import dataset_panel
 from rlx.stages.judge import judge_rows
 
 
@@ -83,6 +84,14 @@ def math_verify_says(response: str, gold: str, **options) -> bool:
     return verify(parse(gold, targets), parse(response, targets), **options)
 
 
+BOXES_FAR_APART = (
+    r"First I got \boxed{4}. Checking the second condition again, which I skipped above, the count is in fact "
+    r"\boxed{6}."
+)
+GOLD_WITH_TWO_BOXES = (
+    r"\boxed{1} was a slip, as the second equation shows once we substitute it back; the answer is \boxed{2}"
+)
+
 # (response, gold, expected): each answer form once right and, where it teaches something, once wrong.
 MATH_CASES = [
     # a fraction against a plain-text gold
@@ -144,11 +153,11 @@ MATH_CASES = [
     (r"The roots are $\boxed{-1}$ and $\boxed{3}$.", "$-1, 3$", 1.0),
     (r"\boxed{3}", "$-1, 3$", 0.0),
     # several boxes in a response: far apart, the last counts; side by side, they are one answer
-    (r"First I got \boxed{4}. Checking the second condition again, which I skipped above, the count is in fact \boxed{6}.", "$6$", 1.0),  # noqa: E501
+    (BOXES_FAR_APART, "$6$", 1.0),
     (r"\boxed{4}, \boxed{6}", "$6$", 0.0),
     # a gold text with two boxes far apart means its last one (rlx used to wrap it in $...$: both)
-    (r"$\boxed{1,2}$", r"\boxed{1} was a slip, as the second equation shows once we substitute it back; the answer is \boxed{2}", 0.0),  # noqa: E501
-    (r"$\boxed{2}$", r"\boxed{1} was a slip, as the second equation shows once we substitute it back; the answer is \boxed{2}", 1.0),  # noqa: E501
+    (r"$\boxed{1,2}$", GOLD_WITH_TWO_BOXES, 0.0),
+    (r"$\boxed{2}$", GOLD_WITH_TWO_BOXES, 1.0),
     # symbols, complex numbers, decimals, text answers, nested braces, no answer
     ("Final answer: $p - q$", "$p-q$", 1.0),
     ("$6 - 5i$", "$6-5i$", 1.0),
@@ -255,6 +264,14 @@ def test_the_extracted_answer_is_what_math_verify_read():
     ]
     judged = judge_rows(judges, rows, "response_text")
     assert [(j["extracted"], j["correct"]) for j in judged] == [("9", True), (r"k = \frac{1}{3}", True), (None, False)]
+
+
+def test_the_math500_preset_trains_on_the_box_and_evaluates_as_math_verify():
+    config = load(PARAMS, preset_overrides(ROOT / "configs" / "tasks" / "math500.yaml"))
+    (training,) = Panel(config.judger_config).seats
+    rows = [{"data_source": "HuggingFaceH4/MATH-500"}]
+    (evaluation,) = dataset_panel(config, config.evaluator_config.dataset_cfg[0], rows).seats
+    assert (training.judger.extraction, evaluation.judger.extraction) == ("boxed", "math_verify")
 
 
 def test_last_boxed_handles_nested_braces():
