@@ -242,6 +242,11 @@ ROWS = [
                            "-S", "judger_config.reward_judger_configs.0.judger_name=nope"],
         "unknown judger 'nope'; available: arith, custom, format, gsm8k, math, reward_model",
         setup=rollouts_of("rlx/arith")),
+    Row("bad judger option", ["stage", "judge", "{params}", "-S", "work_dir={d}/run",
+                              "-S", "judger_config.reward_judger_configs.0.judger_name=math",
+                              "-S", "judger_config.reward_judger_configs.0.options={{extraction: last}}"],
+        "judger 'math': option extraction must be one of math_verify, boxed; got 'last'",
+        setup=rollouts_of("rlx/arith")),
 ]  # fmt: skip
 
 MARKS = {"GPU backend on a CPU machine": pytest.mark.skipif(not NO_LMDEPLOY, reason="LMDeploy is installed here")}
