@@ -99,8 +99,10 @@ def test_killed_at_each_fault_point_resumes_to_the_same_weights(chain, pristine,
 
 @pytest.fixture(scope="module")
 def partway(pristine, tmp_path_factory) -> Path:
-    """A run killed as it marked step 1 done: step 1 recorded by DVC, step 2's stages run, not recorded."""
+    """A run killed as it marked step 1 done: step 1 recorded by DVC, step 2's stages run, not recorded.
+    Every step is a checkpoint here, so step 1's is surely on disk (step 2's may still have been written)."""
     project = fresh_copy(pristine, tmp_path_factory.mktemp("partway"))
+    edit_params(project / "params.yaml", ["checkpoint_interval=1"])
     assert fit(project, "step.prune").returncode == -9
     return project
 
@@ -119,8 +121,8 @@ DAMAGE = {  # file under the work_dir: (its stage, how it is damaged)
     "step-2/judged.parquet": ("judge", flip_a_byte),
     "step-2/rollout_metrics.json": ("rollout", truncate),
     "step-2/update.parquet": ("train", flip_a_byte),
-    "step-2/policy/model.safetensors": ("checkpoint", truncate),  # checkpoints are checked by size (and fingerprint)
     "step-1/fingerprint.json": ("train", flip_a_byte),  # the finished step the next one starts from
+    "step-1/policy/model.safetensors": ("checkpoint", truncate),  # checked by size (and, loaded, by fingerprint)
 }
 
 

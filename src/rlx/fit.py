@@ -1,14 +1,17 @@
 """`rlx fit`: the whole run, step after step through the pipeline's stages, resumable at any point.
 
 The driver is not a second pipeline: it calls the same ``run_stage`` that `rlx stage NAME` (and so
-``dvc repro``) calls, but in one process, so models stay loaded between stages and steps. After each
-step it commits the step to DVC, so the lock records exactly what ``dvc repro`` would have, and keeps
-a copy of that lock in the step's folder for per-step lineage.
+``dvc repro``) calls, but in one process, so models stay loaded between stages and steps and a
+checkpoint is written in the background while the next step rolls out. After each step it commits
+the step to DVC, so the lock records exactly what ``dvc repro`` would have, and keeps a copy of that
+lock in the step's folder for per-step lineage.
 
 Resume: a step is finished when ``step-N/done.json`` exists, a stage when its metrics file does and
 its outputs are intact. A rerun skips both and redoes only what was interrupted (or found damaged,
-and what follows it in its step); every stage is deterministic in its inputs and the run's seed, so
-the result equals an uninterrupted run, wherever the run was killed (tests/test_resume.py).
+and what follows it in its step); the policy of a step without a checkpoint is re-created by
+replaying the recorded updates after the last one. Every stage is deterministic in its inputs and
+the run's seed, so the result equals an uninterrupted run, wherever the run was killed
+(tests/test_resume.py).
 """
 
 from __future__ import annotations

@@ -82,14 +82,22 @@ class RunLayout:
         return self.steps_with("done.json")
 
     def checkpoints(self) -> list[int]:
-        """Steps holding a finished checkpoint (its stage's metrics, written last, say it saved) that
-        retention has not pruned since, in order."""
-        return [
-            step
-            for step in self.steps_with("checkpoint_metrics.json")
-            if json.loads(self.step(step).metrics("checkpoint").read_text()).get("checkpoint/saved")
-            and (self.step(step).policy / "config.json").is_file()
-        ]
+        """Steps holding a finished checkpoint, in order: its stage's metrics (written last) say it saved,
+        and every file it recorded is there at its size (retention prunes old ones; a damaged one is
+        not a checkpoint until its stage has written it again)."""
+        return [step for step in self.steps_with("checkpoint_metrics.json") if self.holds_checkpoint(step)]
+
+    def holds_checkpoint(self, step: int) -> bool:
+        paths = self.step(step)
+        try:
+            saved = json.loads(paths.metrics("checkpoint").read_text()).get("checkpoint/saved")
+            files = json.loads(paths.outputs("checkpoint").read_text())
+        except (OSError, ValueError):
+            return False
+        return bool(saved) and all(
+            (paths.dir / name).is_file() and (paths.dir / name).stat().st_size == entry["size"]
+            for name, entry in files.items()
+        )
 
     @property
     def curves(self) -> Path:

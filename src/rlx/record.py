@@ -10,6 +10,7 @@ own at the lowest CPU priority, filling the gaps that generation and training le
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import multiprocessing
 import os
@@ -23,7 +24,7 @@ import yaml
 from ruamel.yaml import YAML
 
 from rlx import faults
-from rlx.artifacts import copy_file
+from rlx.artifacts import copy_file, write_text
 from rlx.config import apply_override
 from rlx.errors import UserError
 from rlx.layout import STAGES, RunLayout
@@ -63,9 +64,9 @@ def recorded_checkpoint(root: Path) -> int | None:
 
 def dvc_commit(root: Path, names: list[str]) -> None:
     """Record stages ``names`` (their deps, params and outs) in dvc.lock, as `dvc commit -f NAMES` would,
-    with one parse of dvc.yaml and dvc.lock and one write of the lock; other stages are left as they
-    are. No run-cache entries: the run-cache cannot restore a step (its checkpoints are ``cache:
-    false``) and writing them was a quarter of the recording's time."""
+    with one parse of dvc.yaml and one write of the lock; other stages are left as they are. No
+    run-cache entries: the run-cache cannot restore a step (its checkpoints are ``cache: false``) and
+    writing them was a quarter of the recording's time."""
     from dvc.dvcfile import load_file
     from dvc.repo import Repo
 
@@ -76,7 +77,21 @@ def dvc_commit(root: Path, names: list[str]) -> None:
             stage.save(run_cache=False)
             stage.commit()
         faults.point("dvc.commit")
-        dvcfile.dump_stages(stages, update_pipeline=False)
+        write_lock(root / "dvc.lock", stages)
+
+
+def write_lock(path: Path, stages) -> None:
+    """Put the stages' entries into dvc.lock, as DVC's own dump does, but with libyaml's C parser and
+    emitter: DVC edits the lock with ruamel's comment-preserving round trip, in pure Python, which was
+    half of a step's record (a lock has no comments to preserve)."""
+    from dvc.stage.serialize import to_lockfile
+
+    lock = yaml.CSafeLoader(path.read_text()).get_single_data() if path.is_file() else None
+    lock = lock or {"schema": "2.0"}
+    lock.setdefault("stages", {})
+    for stage in stages:
+        lock["stages"].update(json.loads(json.dumps(to_lockfile(stage))))  # DVC's OrderedDicts as plain dicts
+    write_text(yaml.dump(lock, Dumper=yaml.CSafeDumper, sort_keys=False), path)
 
 
 def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> float:
