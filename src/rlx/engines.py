@@ -168,8 +168,8 @@ class Engines:
         if self._trainer_step == step:
             return self._trainer
         root = self.replay_root(step)
+        self.make_room_for_training()
         if self._trainer_step is None or not root <= self._trainer_step < step:
-            self.make_room_for_training()
             self._trainer = self.load_checkpoint(root)
             self._trainer_step = root
         if self._trainer_step < step:

@@ -158,6 +158,8 @@ def lineage_cost(measured: dict) -> dict:
         "replay_steps": replay["steps"],
         "replay_s": replay["replay_s"],
         "replay_per_update": ratio(replay["replay_s"], replay["steps"] * update_s),
+        "rss_step_2_mb": measured["rss_mb"][1],
+        "rss_last_mb": measured["rss_mb"][-1],
     }
 
 
@@ -342,8 +344,8 @@ def model_size_table(sizes: dict) -> list[str]:
     lines = [
         "| Model (random-init Qwen3, 2 × 2 × 8 tokens) | Step | Compute | Overhead | DVC record | Fingerprint "
         "| Kept per step (rollout artifacts) | Checkpoint (written in the background) | Next step waited "
-        "| Replay of 4 steps (÷ 4 updates) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| Replay of 4 steps (÷ 4 updates) | RSS after step 2 → last |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in sizes.items():
         lines.append(
@@ -351,7 +353,8 @@ def model_size_table(sizes: dict) -> list[str]:
             f"| {s['overhead_s']:.2f} s | {s['dvc_record_s']:.2f} s | {s['fingerprint_s'] * 1000:.0f} ms "
             f"| {s['bytes_kept'] / 1e3:.0f} kB ({s['rollout_bytes'] / 1e3:.0f} kB) "
             f"| {s['checkpoint_bytes'] / 1e9:.2f} GB in {s['checkpoint_write_s']:.1f} s "
-            f"| {s['next_step_waited_s']:.2f} s | {s['replay_s']:.1f} s ({s['replay_per_update']:.2f}×) |"
+            f"| {s['next_step_waited_s']:.2f} s | {s['replay_s']:.1f} s ({s['replay_per_update']:.2f}×) "
+            f"| {s['rss_step_2_mb']:,.0f} → {s['rss_last_mb']:,.0f} MB |"
         )
     return lines
 

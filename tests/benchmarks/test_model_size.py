@@ -74,6 +74,7 @@ def test_lineage_cost_by_model_size(benchmark, size_project, tmp_path, size):
         {
             "parameters": built["parameters"],
             "history": result["history"],
+            "rss_mb": [mark["rss_mb"] for mark in result["steps"]],
             "bytes_kept": kept,
             "rollout_bytes": rollouts,
             "replay": {**replayed, "steps": INTERVAL - 1},
