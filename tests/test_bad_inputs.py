@@ -171,7 +171,7 @@ ROWS = [
     Row("-S past a list's end", ["config", "show", "{params}", "-S", "replay_buffer_config.dataset_cfg.3.name=x"],
         "override path replay_buffer_config.dataset_cfg.3: expected a list index below 1, got '3'"),
     Row("unknown stage", ["stage", "nope", "{params}"],
-        "unknown stage 'nope'; stages: base, prepare, rollout, judge, train, evaluate, export"),
+        "unknown stage 'nope'; stages: base, prepare, rollout, judge, train, checkpoint, evaluate, export"),
     # ---- files the params name
     Row("tokenizer_path missing", [*PREPARE, "-S", "tokenizer_path={d}/absent"],
         "tokenizer_path {d}/absent: no tokenizer there (build the demo model with `dvc repro`)"),

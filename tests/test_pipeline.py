@@ -3,10 +3,12 @@ and W&B (offline). Each test works in its own copy of the project (a git + DVC r
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -84,21 +86,21 @@ def test_metrics_and_plots_are_visible_to_dvc(finished):
     assert [line.split(",")[0] for line in curve[1:]] == ["0", "2", "3"]
 
 
-def test_dvc_repro_runs_the_same_stages_cold(finished, tmp_path, tiny_model):
-    """`dvc repro` (each stage its own process) gives the same steps 1 and 2 as `rlx fit` (warm, one process),
-    step 2 starting from step 1, which has no checkpoint: each cold stage re-creates it by replay."""
+def test_dvc_repro_runs_a_step_cold_from_one_without_checkpoint(finished, tmp_path):
+    """`dvc repro` (each stage its own process) of step 2 gives what `rlx fit` (warm, one process) gave,
+    though step 1, which it starts from, has no checkpoint: each cold stage re-creates it by replay."""
     project, _ = finished
-    cold = make_project(tmp_path, tiny_model)
-    run([sys.executable, "-m", "dvc", "repro", "-q"], cold)
-    edit_params(cold / "params.yaml", ["run.step=2", "run.prev=1"])  # run.checkpoint stays 0
+    cold = Path(shutil.copytree(project, tmp_path / "project", symlinks=True))
+    step_two = RunLayout(cold / "runs/demo").step(2)
+    shutil.rmtree(step_two.dir)
+    edit_params(cold / "params.yaml", ["run.step=2", "run.prev=1", "run.checkpoint=0"])
     run([sys.executable, "-m", "dvc", "repro", "-q"], cold)
     assert not RunLayout(cold / "runs/demo").step(1).policy.exists()
-    for step in (1, 2):
-        warm_step, cold_step = RunLayout(project / "runs/demo").step(step), RunLayout(cold / "runs/demo").step(step)
-        assert read_rows(cold_step.rollouts) == read_rows(warm_step.rollouts)
-        assert read_rows(cold_step.judged) == read_rows(warm_step.judged)
-        assert read_rows(cold_step.update) == read_rows(warm_step.update)
-        assert read_json(cold_step.weights_fingerprint) == read_json(warm_step.weights_fingerprint)
+    warm = RunLayout(project / "runs/demo").step(2)
+    for name in ("rollouts", "judged", "update"):
+        assert read_rows(getattr(step_two, name)) == read_rows(getattr(warm, name)), name
+    assert read_json(step_two.weights_fingerprint) == read_json(warm.weights_fingerprint)
+    assert read_json(step_two.metrics("train"))["train/loss"] == read_json(warm.metrics("train"))["train/loss"]
     assert dvc_status(cold) == {}
 
 
