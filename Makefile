@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install fit test bench gpu-check
+.PHONY: install fit test bench gpu-check gpu-bundle lmdeploy-contract
 
 install: $(STAMP)
 
@@ -35,7 +35,33 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python -m pytest tests/benchmarks --benchmark-only --benchmark-columns=min,median,mean,rounds
 	$(BIN)/python tests/benchmarks/report.py
 
-# On a CUDA machine with the gpu extra installed (pip install -e '.[gpu]'): LMDeploy vs transformers
-# rollout tokens/s and a few bf16 DeepSpeed steps with LMDeploy rollouts. Skipped without a GPU.
-gpu-check: $(STAMP)
-	$(BIN)/python -m pytest tests/gpu -m gpu -s -p no:cacheprovider
+# The LMDeploy contract (no GPU, about a minute once the wheel is here): the pinned release installed
+# without its dependencies into .venv-lmdeploy, its source compared with the stand-in the backend's CPU
+# tests run against (tests/test_lmdeploy_contract.py), and those tests. Run it when the pin or the backend
+# changes; `make test` runs the same tests and skips the comparison where .venv-lmdeploy is absent.
+LMDEPLOY := $(shell grep -o 'lmdeploy==[0-9.]*' pyproject.toml)
+LMDEPLOY_SRC := .venv-lmdeploy
+
+$(LMDEPLOY_SRC)/.installed: pyproject.toml | $(STAMP)
+	rm -rf $(LMDEPLOY_SRC)
+	$(BIN)/python -m pip install --quiet --progress-bar off --no-deps --no-compile --target $(LMDEPLOY_SRC) $(LMDEPLOY)
+	touch $@
+
+lmdeploy-contract: $(STAMP) $(LMDEPLOY_SRC)/.installed
+	RLX_LMDEPLOY_SOURCE=$(LMDEPLOY_SRC) RLX_LMDEPLOY_REQUIRED=1 $(BIN)/python -m pytest \
+		tests/test_lmdeploy_contract.py tests/test_rollout_backends.py -k "lmdeploy or release or stand_in"
+
+# The device bundle: cp312 manylinux wheels of what the lent GPU machine lacks (under 60 MiB), then
+# the install test with Python 3.12 (PYTHON312; pyenv has one here).
+PYTHON312 ?= $(shell ls -d $$(pyenv root 2>/dev/null || echo ~/.pyenv)/versions/3.12*/bin/python 2>/dev/null | tail -1)
+
+gpu-bundle: $(STAMP)
+	$(BIN)/python scripts/gpu_bundle.py build .gpu-bundle
+	rm -rf .gpu-bundle-test .gpu-bundle-test-device
+	$(PYTHON312) scripts/gpu_bundle.py check .gpu-bundle $(CURDIR)/.gpu-bundle-test
+
+# On the GPU machine: scripts/gpu_check.sh (LMDeploy vs transformers tokens/s, weight sync after a bf16
+# update, 5 `rlx fit` steps with LMDeploy and bf16 ZeRO-2), its JSON in $$RLX_GPU_REPORT. Where LMDeploy
+# is not installed, it installs .gpu-bundle/ first (make gpu-bundle here, then carry the folder).
+gpu-check:
+	scripts/gpu_check.sh

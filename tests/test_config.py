@@ -125,6 +125,18 @@ def test_a_gpu_backend_without_its_extra_says_how_to_install_it():
         config.load(PARAMS, ["rollout_config.backend=lmdeploy"])
 
 
+def test_lmdeploy_training_rollouts_at_another_temperature_are_refused(monkeypatch):
+    """LMDeploy 0.18 returns log-probs taken before temperature (tests/test_lmdeploy_contract.py)."""
+    from helpers import lmdeploy_stand_in
+
+    lmdeploy_stand_in.install(monkeypatch)
+    lmdeploy = ["rollout_config.backend=lmdeploy"]
+    with pytest.raises(ConfigError, match=r"temperature 0.7: LMDeploy returns the log-probs of its untempered"):
+        config.load(PARAMS, [*lmdeploy, "dataflow_config.sample_params.temperature=0.7"])
+    assert config.load(PARAMS, lmdeploy).rollout_config.backend == "lmdeploy"
+    assert config.load(PARAMS, [*lmdeploy, "dataflow_config.sample_params.temperature=0"])
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"nope\.yaml: no such file"):
         config.load(tmp_path / "nope.yaml")

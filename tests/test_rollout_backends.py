@@ -6,6 +6,8 @@ asks it for the right things and turns its answers into the same artifact as the
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rlx.config import RolloutConfig, SampleParams
@@ -70,3 +72,122 @@ def test_lmdeploy_output_becomes_the_same_artifact(model_and_tokenizer):
         to_generation([1], response, [{0: -1.0}] * len(response), "stop", tokenizer, params)
     with pytest.raises(RuntimeError, match="tokens but"):
         to_generation([1], response, logprobs[:-1], "stop", tokenizer, params)
+
+
+# ---- the LMDeploy sampler, run against a stand-in with 0.18.0's API (tests/helpers/lmdeploy_stand_in.py)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    import torch
+
+    from helpers import lmdeploy_stand_in
+
+    lmdeploy_stand_in.install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    yield lmdeploy_stand_in
+    for pipe in lmdeploy_stand_in.PIPELINES:
+        pipe.close()
+
+
+@pytest.fixture(scope="module")
+def small(untrained_model):
+    """A model folder and its tokenizer: the stand-in only reads the folder's name."""
+    from transformers import AutoTokenizer
+
+    folder = untrained_model[0].tiny_model.output_dir
+    return folder, AutoTokenizer.from_pretrained(folder, padding_side="left")
+
+
+def lmdeploy_sampler(folder, tokenizer, **fields):
+    from rlx.rollout.lmdeploy_backend import LMDeploySampler
+
+    return LMDeploySampler(folder, tokenizer, RolloutConfig(backend="lmdeploy", **fields))
+
+
+def rule(previous: int, bias: int, stops: set[int], max_tokens: int) -> list[int]:
+    """What the stand-in's rule-model generates after ``previous``."""
+    tokens = []
+    while len(tokens) < max_tokens and (not tokens or tokens[-1] not in stops):
+        previous = (previous + 1 + bias) % 64
+        tokens.append(previous)
+    return tokens
+
+
+def test_lmdeploy_sampler_sends_token_ids_and_gets_ids_logprobs_and_finish(stand_in, small):
+    """Token ids go in through ``preprocess(input_ids=...)``; the pieces ``generate`` yields add up
+    to the response with its stop token, one log-prob per token, and why it ended."""
+    from rlx.rollout.transformers_backend import stop_ids
+
+    folder, tokenizer = small
+    sampler = lmdeploy_sampler(folder, tokenizer, dtype="bfloat16", rollout_max_batch_size=7)
+    params = SampleParams(max_tokens=6, stop_token_ids=[9])
+    stops = set(stop_ids(tokenizer, params))
+    outputs = sampler.generate([[3, 5], [30]], params, seed=4)
+    for previous, out in zip([5, 30], outputs, strict=True):
+        response = rule(previous, 0, stops, 6)
+        assert out.response_ids == response and out.prompt_ids[-1] == previous
+        assert out.logprobs == [-0.25 * (i + 1) for i in range(len(response))]
+        assert out.finish_reason == ("stop" if response[-1] in stops else "length")
+    assert {out.finish_reason for out in outputs} == {"stop", "length"}
+    engine_config = stand_in.PIPELINES[-1].async_engine.backend_config
+    assert (engine_config.logprobs_mode, engine_config.dtype, engine_config.max_batch_size) == (
+        "raw_logprobs",
+        "bfloat16",
+        7,
+    )
+
+
+def test_lmdeploy_weight_update_follows_lmdeploy_protocol(stand_in, small, monkeypatch):
+    """sleep (level 2), wake the weights, update in buckets (the last one ``finished``), complete the
+    update, wake the KV cache; the new weights are the ones sampled from afterwards."""
+    import torch
+
+    from rlx.rollout import lmdeploy_backend
+
+    folder, tokenizer = small
+    monkeypatch.setattr(lmdeploy_backend, "BUCKET_BYTES", 16, raising=False)
+    sampler = lmdeploy_sampler(folder, tokenizer)
+    stand_in.CALLS.clear()
+    sampler.load_weights({"bias": torch.tensor([2.0]), "model.norm.weight": torch.ones(5)})
+    assert stand_in.CALLS == [
+        ("sleep", 2),
+        ("wakeup", ["weights"]),
+        ("update_params", False),
+        ("update_params", True),
+        ("complete_weights_update",),
+        ("wakeup", ["kv_cache"]),
+    ]
+    params = SampleParams(max_tokens=5, stop_token_ids=[])
+    out = sampler.generate([[1]], params, seed=0)[0]
+    assert out.response_ids == rule(1, 2, {tokenizer.eos_token_id}, 5)
+    sampler.sleep()
+    with pytest.raises(RuntimeError, match="asleep"):
+        sampler.generate([[1]], params, seed=0)
+
+
+def test_lmdeploy_without_a_gpu_is_one_clear_line(stand_in, small, monkeypatch):
+    import torch
+
+    from rlx.errors import UserError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder, tokenizer = small
+    with pytest.raises(UserError, match=r"^rollout_config.backend 'lmdeploy' needs a CUDA GPU; this machine has none"):
+        lmdeploy_sampler(folder, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"dtype": "float32"}, "rollout_config.dtype 'float32': LMDeploy runs 'auto', 'bfloat16' or 'float16'"),
+        ({"tensor_parallel_size": 2}, "rollout_config.tensor_parallel_size 2: rlx updates LMDeploy's weights"),
+        ({"gpu_memory_utilization": 1.0}, "rollout_config.gpu_memory_utilization must be below 1 for LMDeploy"),
+    ],
+)
+def test_lmdeploy_settings_it_cannot_run_are_refused(stand_in, fields, message):
+    from rlx.errors import UserError
+    from rlx.rollout.lmdeploy_backend import engine_config
+
+    with pytest.raises(UserError, match="^" + re.escape(message)):
+        engine_config(RolloutConfig(backend="lmdeploy", **fields))

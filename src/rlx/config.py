@@ -433,6 +433,13 @@ class RLTrainerConfig(Section):
                 "rollout_config.backend 'lmdeploy' needs LMDeploy and a GPU: pip install 'rlx[gpu]' "
                 "(or use backend 'transformers')"
             )
+        sampling = self.dataflow_config.sample_params
+        if self.rollout_config.backend == "lmdeploy" and sampling.do_sample and sampling.temperature not in (0, 1):
+            raise ValueError(
+                f"dataflow_config.sample_params.temperature {sampling.temperature}: LMDeploy returns the log-probs "
+                "of its untempered distribution, which the trainer's would not match; sample training rollouts "
+                "at temperature 1.0 with backend 'lmdeploy' (or use backend 'transformers')"
+            )
         estimator, group_size = self.advantage_estimator_config.type, self.dataflow_config.prompt_repeat_k
         if estimator in GROUP_ESTIMATORS and group_size < 2:
             raise ValueError(

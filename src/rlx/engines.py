@@ -27,9 +27,11 @@ from rlx.trainer import DEEPSPEED_TAG, PolicyTrainer
 log = logging.getLogger(__name__)
 
 
-def load_policy(path):
+def load_policy(path, dtype: str = "float32"):
     """A HF model folder for inference (on the GPU when there is one), with a clear error when it is missing or not one.
-    Weights load from safetensors only: a pickled ``*.bin`` checkpoint could run code when read."""
+    Weights load from safetensors only: a pickled ``*.bin`` checkpoint could run code when read. On a GPU they
+    load in ``dtype`` (``rollout_config.dtype`` for a copy only sampled or scored; 'auto': the checkpoint's own);
+    on CPU always in float32, where half precision is slow and the tests compare exact values."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: not a model folder (no config.json)")
@@ -40,7 +42,10 @@ def load_policy(path):
             "save the model with save_pretrained(..., safe_serialization=True)"
         )
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+        name = dtype if torch.cuda.is_available() else "float32"
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=name if name == "auto" else getattr(torch, name), use_safetensors=True
+        )
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: cannot load the model ({first_line(exc)})") from None
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
@@ -118,7 +123,7 @@ class Engines:
     @cached_property
     def reference(self):
         """The frozen base model, loaded only when a KL term needs it."""
-        model = load_policy(self.config.load_from)
+        model = load_policy(self.config.load_from, self.config.rollout_config.dtype)
         return model.requires_grad_(False)
 
     def policy(self, step: int):
@@ -156,7 +161,7 @@ class Engines:
         """A new rollout engine for the model in ``folder`` (e.g. the model `rlx eval` scores)."""
         config = self.config.rollout_config
         if config.backend == "transformers":
-            return TransformersSampler(load_policy(folder), self.tokenizer, config)
+            return TransformersSampler(load_policy(folder, config.dtype), self.tokenizer, config)
         from rlx.rollout.lmdeploy_backend import LMDeploySampler
 
         return LMDeploySampler(folder, self.tokenizer, config)

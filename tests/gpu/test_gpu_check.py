@@ -1,9 +1,17 @@
-"""The GPU check (``make gpu-check``): LMDeploy rollouts and bf16 DeepSpeed on one CUDA GPU.
+"""The GPU check (``make gpu-check``, ``scripts/gpu_check.sh``): LMDeploy and bf16 DeepSpeed on one CUDA GPU.
 
-Skipped where there is no GPU or no LMDeploy (``pip install -e '.[gpu]'``). It prints, and writes to
-``$RLX_GPU_REPORT`` (default ``gpu_check.json`` in the pytest temp folder), the rollout tokens/s of
-LMDeploy and of the transformers backend on the same prompts, and the rewards of a few pipeline
-steps run with LMDeploy and bf16 DeepSpeed.
+Skipped where there is no GPU or no LMDeploy. The model is built on the spot (nothing is downloaded):
+Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, vocabulary 151936, tied
+embeddings) with random weights in bf16, and the demo's tokenizer. The report, printed and written
+to ``$RLX_GPU_REPORT`` (default ``gpu_check.json`` in pytest's temp folder), has three parts:
+
+- ``rollout``: tokens/s of LMDeploy's PyTorch engine and of the transformers backend on the same 512
+  prompts x 256 new tokens (every response runs to 256);
+- ``weight_sync``: one bf16 AdamW update, sent to the running engine; LMDeploy's log-probs of a fixed
+  greedy batch against the trainer's before it (they must differ) and after it (they must agree);
+- ``pipeline``: 5 `rlx fit` steps with LMDeploy rollouts and bf16 ZeRO-2, with each step's time
+  breakdown, peak GPU memory and ``perf/throughput`` as verl logs it (prompt plus response tokens of
+  the step, per second of the step, per GPU).
 """
 
 from __future__ import annotations
@@ -17,14 +25,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
-from conftest import dvc_status, make_project
+from conftest import make_project
+from rlx import config
+from rlx.algo.correction import mismatch_metrics
 from rlx.config import RolloutConfig, SampleParams
 from rlx.data import prompt_ids
 from rlx.engines import load_policy
-from rlx.fit import fit
+from rlx.layout import RunLayout
 from rlx.rollout import TransformersSampler
+from rlx.trainer import TokenBatch, token_logprobs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,6 +43,11 @@ pytestmark = [
 ]
 
 REPORT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+QWEN25_05B = dict(
+    hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+    vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
+)  # fmt: skip
+ENGINE: dict = {}  # the LMDeploy sampler the first two parts share (one engine start)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,53 +58,156 @@ def report(tmp_path_factory):
     print(f"\nGPU check report ({path}):\n{json.dumps(REPORT, indent=2)}")
 
 
+@pytest.fixture(scope="module")
+def qwen_shaped(untrained_model, tmp_path_factory):
+    """The demo's data and tokenizer with a random Qwen2.5-0.5B-shaped model in bf16, as ``tiny_model`` gives them."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    cfg, metrics = untrained_model
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tiny_model.output_dir, padding_side="left")
+    torch.manual_seed(0)
+    config = Qwen2Config(**QWEN25_05B, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    folder = tmp_path_factory.mktemp("qwen2.5-0.5b-shaped")
+    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    shaped = cfg.model_copy(update={"tiny_model": cfg.tiny_model.model_copy(update={"output_dir": folder})})
+    return shaped, metrics, tokenizer
+
+
+def lmdeploy_sampler(folder, tokenizer):
+    from rlx.rollout.lmdeploy_backend import LMDeploySampler
+
+    if "sampler" not in ENGINE:
+        config = RolloutConfig(backend="lmdeploy", gpu_memory_utilization=0.4, context_length=1024)
+        ENGINE["sampler"] = LMDeploySampler(folder, tokenizer, config)
+    return ENGINE["sampler"]
+
+
+def close_engine() -> None:
+    """Give the GPU back before the pipeline starts its own engine."""
+    sampler = ENGINE.pop("sampler", None)
+    if sampler is not None:
+        sampler.sleep()
+        sampler.pipe.close()
+    torch.cuda.empty_cache()
+
+
 def tokens_per_second(sampler, prompts, params) -> float:
-    sampler.generate(prompts[:8], params, seed=0)  # warm-up: kernels, caches
+    sampler.generate(prompts[:8], params, seed=0)  # warm-up: kernels, caches, CUDA graphs
+    torch.cuda.synchronize()
     started = time.perf_counter()
     outputs = sampler.generate(prompts, params, seed=1)
+    torch.cuda.synchronize()
     return sum(len(out.response_ids) for out in outputs) / (time.perf_counter() - started)
 
 
-def test_lmdeploy_and_transformers_rollout_throughput(tiny_model):
-    from rlx.rollout.lmdeploy_backend import LMDeploySampler
+def questions(tokenizer, count: int) -> list[list[int]]:
+    texts = [f"What is {a} + {b}?" for a in range(32) for b in range(32)][:count]
+    return [prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in texts]
 
-    cfg, _ = tiny_model
+
+def test_rollout_tokens_per_second_lmdeploy_and_transformers(qwen_shaped):
+    cfg, _, tokenizer = qwen_shaped
     folder = cfg.tiny_model.output_dir
-    tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
-    questions = [f"What is {a} + {b}?" for a in range(16) for b in range(32)]
-    prompts = [prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
-    params = SampleParams(max_tokens=128, min_tokens=128, temperature=1.0)  # equal lengths on both sides
-    config = RolloutConfig(backend="transformers", rollout_max_batch_size=512)
-    hf = tokens_per_second(TransformersSampler(load_policy(folder), tokenizer, config), prompts, params)
-    lmdeploy = LMDeploySampler(folder, tokenizer, config.model_copy(update={"backend": "lmdeploy"}))
-    fast = tokens_per_second(lmdeploy, prompts, params)
+    prompts, params = questions(tokenizer, 512), SampleParams(max_tokens=256, min_tokens=256, temperature=1.0)
+    # The transformers backend keeps every step's logits (151936 wide): 64 sequences a batch fit in memory.
+    hf_config = RolloutConfig(backend="transformers", rollout_max_batch_size=64, dtype="bfloat16")
+    hf = TransformersSampler(load_policy(folder, "bfloat16"), tokenizer, hf_config)
+    hf_rate = tokens_per_second(hf, prompts, params)
+    del hf
+    torch.cuda.empty_cache()
+    fast = tokens_per_second(lmdeploy_sampler(folder, tokenizer), prompts, params)
     REPORT["rollout"] = {
         "prompts": len(prompts),
-        "new_tokens": 128,
-        "transformers_tokens_per_s": hf,
+        "new_tokens": 256,
+        "transformers_batch": 64,
+        "transformers_tokens_per_s": hf_rate,
         "lmdeploy_tokens_per_s": fast,
-        "ratio": fast / hf,
+        "ratio": fast / hf_rate,
     }
-    lmdeploy.load_weights(load_policy(folder).state_dict())  # the warm path's update: sleep, update, wake
-    assert all(out.response_ids for out in lmdeploy.generate(prompts[:4], params, seed=2))
 
 
-def test_pipeline_with_lmdeploy_and_bf16_deepspeed(tmp_path, tiny_model):
-    project = make_project(tmp_path, tiny_model)
+def on_the_mask(generations, like: torch.Tensor) -> torch.Tensor:
+    """Rollout log-probs placed where ``TokenBatch.mask`` marks each response token."""
+    out = torch.zeros_like(like)
+    for row, gen in enumerate(generations):
+        start = len(gen.prompt_ids) - 1
+        out[row, start : start + len(gen.logprobs)] = torch.tensor(gen.logprobs)
+    return out
+
+
+def agreement(model, generations, pad_id: int) -> dict[str, float]:
+    batch = TokenBatch.from_ids([g.prompt_ids for g in generations], [g.response_ids for g in generations], pad_id)
+    with torch.no_grad():
+        trainer = token_logprobs(model, batch)[0]
+    return mismatch_metrics(trainer, on_the_mask(generations, batch.mask), batch.mask)
+
+
+def test_weight_sync_after_one_bf16_update(qwen_shaped):
+    """LMDeploy's log-probs disagree with the updated trainer's until the update is sent, then agree."""
+    cfg, _, tokenizer = qwen_shaped
+    folder = cfg.tiny_model.output_dir
+    try:
+        sampler, policy = lmdeploy_sampler(folder, tokenizer), load_policy(folder, "bfloat16")
+        prompts, greedy = questions(tokenizer, 32), SampleParams(max_tokens=32, temperature=0.0, do_sample=False)
+        before = sampler.generate(prompts, greedy, seed=0)
+        start = agreement(policy, before, tokenizer.pad_token_id)
+        batch = TokenBatch.from_ids(prompts, [g.response_ids for g in before], tokenizer.pad_token_id)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+        loss = -(token_logprobs(policy, batch)[0] * batch.mask).sum() / batch.mask.sum()
+        loss.backward()
+        optimizer.step()
+        stale = agreement(policy, before, tokenizer.pad_token_id)
+        started = time.perf_counter()
+        sampler.load_weights(policy.state_dict())
+        sync_s = time.perf_counter() - started
+        synced = agreement(policy, sampler.generate(prompts, greedy, seed=0), tokenizer.pad_token_id)
+    finally:
+        close_engine()
+    REPORT["weight_sync"] = {"before_update": start, "stale": stale, "after_sync": synced, "sync_s": sync_s}
+    assert stale["mismatch/abs_logprob_diff"] > 10 * synced["mismatch/abs_logprob_diff"]
+    assert synced["mismatch/k3_kl"] < 1e-2
+
+
+def verl_throughput(layout: RunLayout, step: int, seconds: float) -> float:
+    """verl's ``perf/throughput``: the step's prompt plus response tokens / step time / GPUs (one here)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(layout.step(step).rollouts, columns=["prompt_ids", "response_ids"]).to_pylist()
+    return sum(len(row["prompt_ids"]) + len(row["response_ids"]) for row in table) / seconds
+
+
+def test_five_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):
+    from rlx.fit import fit
+
+    cfg, metrics, _ = qwen_shaped
+    project = make_project(tmp_path, (cfg, metrics))
     overrides = [
         "resources.accelerator=GPU",
         "rollout_config.backend=lmdeploy",
         "rollout_config.gpu_memory_utilization=0.3",
+        "rollout_config.context_length=1024",
         "train_worker_cfg.deepspeed.precision=bf16",
         "train_worker_cfg.deepspeed.zero_stage=2",
-        "rollout_steps=4",
-        "dataflow_config.global_batch_size=16",
+        "rollout_steps=5",
+        "dataflow_config.global_batch_size=64",
         "dataflow_config.prompt_repeat_k=8",
+        "dataflow_config.sample_params.max_tokens=256",
+        "wandb.mode=disabled",
     ]
+    torch.cuda.reset_peak_memory_stats()
     with contextlib.chdir(project):
         history = fit(project / "params.yaml", overrides)
-    REPORT["pipeline"] = [
-        {k: m[k] for k in ("response/rewards/mean", "mismatch/k3_kl", "time/rollout", "time/train", "time/step")}
-        for m in history
-    ]
-    assert len(history) == 4 and dvc_status(project) == {}
+        layout = RunLayout(config.load(project / "params.yaml", overrides).work_dir.resolve())
+    REPORT["pipeline"] = {
+        "peak_gpu_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,  # engine and trainer: one process
+        "peak_gpu_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        "steps": [
+            {
+                **{k: v for k, v in m.items() if k.startswith(("time/", "perf/", "mismatch/"))},
+                "perf/throughput": verl_throughput(layout, step, m["time/step"]),
+            }
+            for step, m in enumerate(history, start=1)
+        ],
+    }
+    assert len(history) == 5

@@ -1,26 +1,43 @@
-"""Rollout with LMDeploy (``rollout_config.backend: lmdeploy``, the ``gpu`` extra): one engine for the run.
+"""Rollout with LMDeploy 0.18 (``rollout_config.backend: lmdeploy``, the ``gpu`` extra): one engine for the run.
 
-Token in, token out, like the transformers backend: prompts go in as ids (``do_preprocess`` off),
-every response comes back with its ids (stop token included), the log-prob of each sampled token
-and why it ended. The engine is started once from the first policy folder and kept: after each
-update it sleeps (weights and KV cache released, so DeepSpeed has the GPU to itself), then takes
-the new weights through LMDeploy's weight-update API and wakes, with no restart per step.
+Token in, token out, like the transformers backend: prompt ids go in through
+``AsyncEngine.preprocess(input_ids=..., do_preprocess=False)``; ``generate`` then yields the
+response in pieces (its stop token last, alone), each with the log-prob of every sampled token.
+The engine is started once and kept: before the trainer uses the GPU it sleeps (level 2: weights
+and KV cache freed); a new policy goes in by LMDeploy's own protocol, read from 0.18.0's source:
+wake the weights, ``update_params`` (the last bucket ``finished``), ``complete_weights_update``,
+wake the KV cache. No restart per step.
 
-LMDeploy is imported only here, so a CPU install never loads it. The conversions of its outputs
-(``generation_options``, ``to_generation``) are plain functions, tested on CPU.
+Two facts of 0.18.0 shape the update. The single-GPU executor (``UniExecutor``) has no
+``update_params`` (only the Ray one does), so requests go to its model agent, which runs in this
+process. And ``lmdeploy.utils.serialize_state_dict`` sends tensors as CUDA IPC handles, which the
+process that made them cannot open; so each tensor travels as a key into a table in this process,
+rebuilt by a function called the way the agent calls torch's ``rebuild_cuda_tensor``.
+
+Log-probs come back only with ``logprobs_mode='raw_logprobs'``, taken before temperature: the
+config refuses LMDeploy training rollouts at a temperature other than 1. ``make lmdeploy-contract``
+checks every LMDeploy name, signature and field used here against the release.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import base64
+import io
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import torch
 
 from rlx.config import RolloutConfig, SampleParams
+from rlx.errors import UserError
 from rlx.rollout.transformers_backend import stop_ids
 from rlx.rollout.types import Generation
+
+BUCKET_BYTES = 1 << 30  # weights per update request: bounds the engine's transient copy
+LMDEPLOY_DTYPES = ("auto", "bfloat16", "float16")
 
 
 def generation_options(tokenizer, params: SampleParams, seed: int) -> dict:
@@ -55,6 +72,8 @@ def to_generation(
 ) -> Generation:
     """A :class:`Generation` from LMDeploy's output: ``logprobs`` holds, per generated token, a
     ``{token_id: logprob}`` map that includes the sampled token."""
+    if finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"LMDeploy ended a request with finish reason {finish_reason!r}")
     if len(logprobs) != len(token_ids):
         raise RuntimeError(f"LMDeploy returned {len(token_ids)} tokens but {len(logprobs)} log-probs")
     picked = []
@@ -67,15 +86,33 @@ def to_generation(
         response_ids=list(token_ids),
         text=tokenizer.decode(list(token_ids), skip_special_tokens=params.skip_special_tokens),
         logprobs=picked,
-        finish_reason="length" if finish_reason == "length" else "stop",
+        finish_reason=finish_reason,
     )
     return generation.cut_at_stop_strings(params.stops) if params.stops else generation
 
 
+def unsupported(config: RolloutConfig) -> str | None:
+    """Why LMDeploy 0.18 cannot run these settings in rlx, if it cannot."""
+    if config.dtype not in LMDEPLOY_DTYPES:
+        return f"rollout_config.dtype {config.dtype!r}: LMDeploy runs 'auto', 'bfloat16' or 'float16'"
+    if config.tensor_parallel_size != 1:
+        return (
+            f"rollout_config.tensor_parallel_size {config.tensor_parallel_size}: rlx updates LMDeploy's weights "
+            "in its single-GPU engine only (use 1)"
+        )
+    if config.gpu_memory_utilization >= 1:
+        return "rollout_config.gpu_memory_utilization must be below 1 for LMDeploy (its KV cache's share)"
+    return None
+
+
 def engine_config(config: RolloutConfig):
-    """LMDeploy's engine config from rlx's fields; ``extra_engine_args`` pass through unchanged."""
+    """LMDeploy's engine config from rlx's fields; ``extra_engine_args`` pass through unchanged,
+    except that the PyTorch engine always returns raw log-probs (without them, it returns none)."""
     import lmdeploy
 
+    problem = unsupported(config)
+    if problem:
+        raise UserError(problem)
     options = {
         "tp": config.tensor_parallel_size,
         "session_len": config.context_length,
@@ -83,48 +120,96 @@ def engine_config(config: RolloutConfig):
         "max_batch_size": config.rollout_max_batch_size,
         **config.extra_engine_args,
     }
-    if config.lmdeploy_backend == "turbomind":
-        return lmdeploy.TurbomindEngineConfig(**options)
     if config.dtype != "auto":
         options.setdefault("dtype", config.dtype)
-    return lmdeploy.PytorchEngineConfig(**options)
+    if config.lmdeploy_backend == "turbomind":
+        return lmdeploy.TurbomindEngineConfig(**options)
+    return lmdeploy.PytorchEngineConfig(**{**options, "logprobs_mode": "raw_logprobs"})
+
+
+_IN_PROCESS: dict[int, torch.Tensor] = {}  # tensors on their way to the engine, by key
+_KEYS = itertools.count()
+
+
+def _from_table(key: int, *_unused) -> torch.Tensor:
+    """Called as ``func(*args)`` with ``args[6]`` set to the device, where torch's
+    ``rebuild_cuda_tensor`` would be: the tensor, taken from this process's table."""
+    return _IN_PROCESS.pop(key)
+
+
+def in_process_payload(bucket: Mapping[str, torch.Tensor]) -> str:
+    """``serialized_named_tensors`` for a model agent in this process: LMDeploy's format (base64 of
+    a ``ForkingPickler`` list of ``(name, (func, args))``), each tensor left where it is."""
+    items = []
+    for name, tensor in bucket.items():
+        key = next(_KEYS)
+        _IN_PROCESS[key] = tensor.detach()
+        items.append((name, (_from_table, (key, None, None, None, None, None, None))))
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(items)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def buckets(weights: Mapping[str, torch.Tensor], limit: int) -> Iterator[dict[str, torch.Tensor]]:
+    """The weights in groups of at most ``limit`` bytes (a bigger tensor goes alone)."""
+    bucket, size = {}, 0
+    for name, tensor in weights.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > limit:
+            yield bucket
+            bucket, size = {}, 0
+        bucket[name], size = tensor, size + nbytes
+    if bucket:
+        yield bucket
 
 
 class LMDeploySampler:
     """An LMDeploy pipeline kept for the whole run; :meth:`load_weights` moves it to a new policy."""
 
     def __init__(self, policy_dir: Path, tokenizer, config: RolloutConfig):
+        if not torch.cuda.is_available():
+            raise UserError(
+                "rollout_config.backend 'lmdeploy' needs a CUDA GPU; this machine has none "
+                "(use backend 'transformers' here)"
+            )
         import lmdeploy
 
         self.tokenizer = tokenizer
+        self.backend = config.lmdeploy_backend
         self.pipe = lmdeploy.pipeline(str(policy_dir), backend_config=engine_config(config), log_level="ERROR")
         self.engine = self.pipe.async_engine
-        self.asleep = False
 
     def _run(self, coroutine):
         """Run a coroutine on the pipeline's own event loop (its engine is bound to that loop)."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.pipe.internal_thread.loop).result()
 
+    def _call(self, function, *args):
+        """Call one of the engine's plain methods on that loop too, between its own steps."""
+
+        async def call():
+            return function(*args)
+
+        return self._run(call())
+
     async def _request(self, ids: Sequence[int], options: dict) -> tuple[list[int], list, str | None]:
         import lmdeploy
 
-        session = self.engine.session_mgr.get()
-        token_ids, logprobs, finish = [], [], None
-        async for out in self.engine.generate(
+        request = await self.engine.preprocess(
             None,
-            session,
+            self.engine.session_mgr.get(),
             gen_config=lmdeploy.GenerationConfig(**options),
-            input_ids=list(ids),
-            stream_response=False,
             do_preprocess=False,
-        ):
-            token_ids += out.token_ids or []
-            logprobs += out.logprobs or []
-            finish = out.finish_reason or finish
+            input_ids=list(ids),
+        )
+        token_ids, logprobs, finish = [], [], None
+        async for piece in self.engine.generate(request, stream_response=False):
+            token_ids += piece.token_ids or []
+            logprobs += piece.logprobs or []
+            finish = piece.finish_reason or finish
         return token_ids, logprobs, finish
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list[Generation]:
-        if self.asleep:
+        if self.engine.is_sleeping:
             raise RuntimeError("the LMDeploy engine is asleep; give it the policy with load_weights first")
 
         async def every():
@@ -141,20 +226,27 @@ class LMDeploySampler:
         ]
 
     def sleep(self) -> None:
-        """Release the weights and the KV cache (level 2) while the trainer uses the GPU."""
-        if not self.asleep:
+        """Free the weights and the KV cache (level 2) while the trainer uses the GPU."""
+        if not self.engine.is_sleeping:
             self._run(self.engine.sleep(level=2))
-            self.asleep = True
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Put a new policy into the running engine: weights memory back, update, then the KV cache
-        (LMDeploy refuses updates while a KV cache built with the old weights exists)."""
+        """Put a new policy into the running engine, by LMDeploy's protocol (see the module's docstring)."""
+        if self.backend != "pytorch":
+            raise UserError("rlx updates LMDeploy's weights in its PyTorch engine only: set lmdeploy_backend 'pytorch'")
         from lmdeploy.serve.openai.protocol import UpdateParamsRequest
-        from lmdeploy.utils import serialize_state_dict
 
+        agent = self.engine.engine.executor.model_agent
         self.sleep()
-        self.engine.wakeup(["weights"])
-        request = UpdateParamsRequest(serialized_named_tensors=serialize_state_dict(dict(weights)), finished=True)
-        self.engine.engine.update_params(request)
-        self.engine.wakeup(["kv_cache"])
-        self.asleep = False
+        self._call(self.engine.wakeup, ["weights"])
+        groups = list(buckets(weights, BUCKET_BYTES))
+        try:
+            for index, bucket in enumerate(groups):
+                request = UpdateParamsRequest(
+                    serialized_named_tensors=in_process_payload(bucket), finished=index == len(groups) - 1
+                )
+                self._call(agent.update_params, request)
+        finally:
+            _IN_PROCESS.clear()
+        self._call(self.engine.complete_weights_update)
+        self._call(self.engine.wakeup, ["kv_cache"])

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The device check (`make gpu-check`): tests/gpu on one CUDA GPU, its JSON report in $RLX_GPU_REPORT.
+# Sized for the lent H200: the three parts take about 6 minutes, and pytest is stopped at 9.
+# Where LMDeploy is not installed (the device has no network), the wheels of `make gpu-bundle`,
+# carried in .gpu-bundle/, are installed into a folder first (--no-index --no-deps).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || echo python3 )}
+export RLX_GPU_REPORT=${RLX_GPU_REPORT:-$PWD/gpu_check.json}
+bundle=${RLX_GPU_BUNDLE:-.gpu-bundle}
+if ! "$PYTHON" -c "import lmdeploy" 2>/dev/null; then
+    "$PYTHON" scripts/gpu_bundle.py size "$bundle"  # missing or too big: one line, exit 2
+    target=${RLX_BUNDLE_TARGET:-${TMPDIR:-/tmp}/rlx-gpu-bundle}
+    "$PYTHON" -m pip install --quiet --no-index --no-deps --target "$target" "$bundle"/*.whl
+    export PYTHONPATH="$PWD/src:$target${PYTHONPATH:+:$PYTHONPATH}" PATH="$target/bin:$PATH"
+fi
+"$PYTHON" -c "import torch, sys; torch.cuda.is_available() or sys.exit('error: the GPU check needs a CUDA GPU; none is visible here')" || exit 2
+export WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+exec timeout 540 "$PYTHON" -m pytest tests/gpu -m gpu -s -p no:cacheprovider -o addopts="-ra"

@@ -1,0 +1,71 @@
+"""The parts of the device bundle and the GPU check a CPU can run: the size check, the slimmed
+LMDeploy wheel, the read-through import check, and the GPU script's refusals (one line, exit 2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_bundle  # noqa: E402
+
+
+def run(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("wheel_mib", [None, 61])
+def test_a_missing_or_oversized_bundle_is_one_line_and_exit_2(tmp_path, wheel_mib):
+    if wheel_mib:
+        with open(tmp_path / "big-1.0-py3-none-any.whl", "wb") as wheel:
+            wheel.truncate(wheel_mib * 2**20)
+    done = run(sys.executable, "scripts/gpu_bundle.py", "size", str(tmp_path))
+    expected = "over the 60 MiB a device call carries" if wheel_mib else "no device bundle here; run `make gpu-bundle`"
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert done.stderr.startswith(f"error: {tmp_path}: ") and expected in done.stderr
+
+
+def test_the_gpu_check_without_lmdeploy_or_its_bundle_is_one_line_and_exit_2(tmp_path):
+    done = run("scripts/gpu_check.sh", PYTHON=sys.executable, RLX_GPU_BUNDLE=str(tmp_path / "none"))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"error: {tmp_path / 'none'}: no device bundle here; run `make gpu-bundle` first\n"
+
+
+def test_lmdeploy_travels_without_its_turbomind_library(tmp_path):
+    wheel = tmp_path / "lmdeploy-0.18.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    so = "lmdeploy/turbomind/_turbomind.cpython-312-x86_64-linux-gnu.so"
+    record = f"lmdeploy/__init__.py,sha256=a,1\n{so},sha256=b,2\nlmdeploy/turbomind/__init__.py,sha256=c,3\n"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("lmdeploy/__init__.py", "")
+        archive.writestr("lmdeploy/turbomind/__init__.py", "")
+        archive.writestr(so, b"\0" * 64)
+        archive.writestr("lmdeploy-0.18.0.dist-info/RECORD", record)
+    gpu_bundle.without_turbomind(wheel)
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.namelist() == [
+            "lmdeploy/__init__.py",
+            "lmdeploy/turbomind/__init__.py",
+            "lmdeploy-0.18.0.dist-info/RECORD",
+        ]
+        assert so not in archive.read("lmdeploy-0.18.0.dist-info/RECORD").decode()
+
+
+def test_the_read_through_finds_what_loaded_modules_import_and_nothing_provides(tmp_path):
+    package = tmp_path / "site" / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("import os\nimport yaml\nfrom .sub import thing\n")
+    (package / "sub" / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\nimport present\n"
+        "try:\n    import optional\nexcept ImportError:\n    optional = None\n"
+        "if TYPE_CHECKING:\n    import typing_only\n"
+        "def later():\n    import lazy\n"
+        "import absent.deep\n"
+    )
+    (tmp_path / "site" / "present.py").write_text("")
+    assert gpu_bundle.unmet_imports([tmp_path / "site"], "pkg", ["pkg"]) == {"absent": "pkg.sub"}
