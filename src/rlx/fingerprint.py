@@ -1,12 +1,13 @@
 """A fingerprint of a policy's weights: what a step records instead of the weights themselves.
 
-Each parameter contributes two integer sums over its raw bit patterns (read as integers of the
-element's width): the plain sum and a sum weighted by position (1..2^20, repeating). Any change to
-a single element changes the plain sum, since the difference of two distinct bit patterns is a
-nonzero integer; reorderings and most multi-element changes move the weighted one. It is a checksum
-against accidents (a non-deterministic kernel, a wrong checkpoint), not a cryptographic hash. Both
-sums are reductions on the device that holds the weights, so a GPU fingerprints 8 B parameters in
-milliseconds and nothing is copied to the host but two numbers per tensor.
+Each parameter's raw bit patterns, read as integers of the element's width and laid out in rows of
+1024, give two numbers: their plain sum, and a sum weighted by position (each element by its column,
+1..1024, each row's sum by its row number). Any change to a single element changes the plain sum,
+since two distinct bit patterns differ by a nonzero integer; swapping elements moves the weighted
+one. It is a checksum against accidents (a non-deterministic kernel, a wrong checkpoint), not a
+cryptographic hash. The reductions run where the weights are (a GPU fingerprints 8 B parameters in
+milliseconds) in float64, exactly: every partial sum is an integer below 2^53, so no rounding and
+no dependence on the order of summation; only the row sums go on in int64 (wrapping).
 """
 
 from __future__ import annotations
@@ -16,28 +17,42 @@ import json
 
 import torch
 
-CHUNK = 1 << 20  # elements per reduction: bounds the int64 temporary to 8 MiB
-_INTEGER_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_weights: dict[torch.device, torch.Tensor] = {}
+ROW = 1024  # elements per row: a row's weighted sum stays below 2^53 (2^31 x 1024 x 1024 / 2)
+ROWS_PER_PASS = 1024  # rows converted to float64 at a time: an 8 MiB temporary
+_INTEGER_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 
-def position_weights(device: torch.device) -> torch.Tensor:
-    if device not in _weights:
-        _weights[device] = torch.arange(1, CHUNK + 1, dtype=torch.int64, device=device)
-    return _weights[device]
+def row_sums(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's plain and column-weighted sum, exact, as int64."""
+    values = rows.to(torch.float64)
+    columns = torch.arange(1, ROW + 1, dtype=torch.float64, device=rows.device)
+    return values.sum(dim=1).to(torch.int64), (values * columns).sum(dim=1).to(torch.int64)
+
+
+def row_blocks(bits: torch.Tensor):
+    """``(first row number, rows)`` of a flat tensor in rows of ``ROW``, the last one padded with zeros."""
+    full = bits.numel() // ROW * ROW
+    head = bits[:full].view(-1, ROW)
+    for start in range(0, head.shape[0], ROWS_PER_PASS):
+        yield start, head[start : start + ROWS_PER_PASS]
+    tail = bits[full:]
+    if tail.numel():
+        yield head.shape[0], torch.cat([tail, tail.new_zeros(ROW - tail.numel())])[None]
 
 
 @torch.no_grad()
 def tensor_sums(tensor: torch.Tensor) -> list[int]:
-    """``[plain, weighted]`` sums of the tensor's bit patterns (int64 arithmetic, wrapping)."""
-    bits = tensor.detach().contiguous().view(-1).view(_INTEGER_OF_WIDTH[tensor.element_size()])
-    weights = position_weights(bits.device)
-    sums = torch.zeros(2, dtype=torch.int64, device=bits.device)
-    for start in range(0, bits.numel(), CHUNK):
-        part = bits[start : start + CHUNK].long()
-        sums[0] += part.sum()
-        sums[1] += (part * weights[: part.numel()]).sum()
-    return sums.tolist()
+    """``[plain, weighted]`` sums of the tensor's bit patterns (see the module's docstring); 8-byte
+    elements are read as two 4-byte halves, so every sum stays exact."""
+    width = min(tensor.element_size(), 4)
+    bits = tensor.detach().contiguous().view(-1).view(_INTEGER_OF_WIDTH[width])
+    plain = weighted = 0
+    for first, rows in row_blocks(bits):
+        sums, by_column = row_sums(rows)
+        numbers = torch.arange(first + 1, first + 1 + sums.numel(), dtype=torch.int64, device=bits.device)
+        plain += int(sums.sum())
+        weighted += int(by_column.sum() + (sums * numbers).sum())
+    return [plain, weighted]
 
 
 def fingerprint(module: torch.nn.Module, like: dict | None = None) -> dict:

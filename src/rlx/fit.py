@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 
 
 INPUT_STAGES = ["convert_gsm8k", "convert_math500"]  # cheap: the public sets in rlx's row shape
+MAX_UNRECORDED = 2  # steps run ahead of DVC's record before the run waits for it
 
 
 def ensure_inputs(config: RLTrainerConfig) -> None:
@@ -98,15 +100,17 @@ def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> 
 class BackgroundCheckpoints:
     """Writes a step's checkpoint in a thread of its own while the next step prepares, rolls out and
     judges (they only read the weights); the next update waits for it. DVC's record of a step is
-    queued behind its checkpoint, so a step is recorded (and done) only once its checkpoint is."""
+    queued (in another thread, in step order) behind its checkpoint, so a step is recorded (and done)
+    only once its checkpoint is, and a long record never holds a checkpoint back."""
 
     def __init__(self, config: RLTrainerConfig, engines: Engines):
         self.config, self.engines = config, engines
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-checkpoint")
+        self.saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-checkpoint")
+        self.records = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-record")
         self.pending: Future | None = None
 
     def start(self, step: int) -> None:
-        self.pending = self.pool.submit(run_stage, "checkpoint", self.config, step, self.engines)
+        self.pending = self.saver.submit(run_stage, "checkpoint", self.config, step, self.engines)
 
     def wait(self) -> float:
         """Block until the pending checkpoint is on disk (its error, if any, raised here); the seconds waited."""
@@ -124,10 +128,11 @@ class BackgroundCheckpoints:
                 written.result()  # a failed checkpoint is not recorded; its error stops the run at wait()
             return record().result()
 
-        return self.pool.submit(when_written)
+        return self.records.submit(when_written)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True)
+        self.saver.shutdown(wait=True)
+        self.records.shutdown(wait=True)
 
 
 def run_step(config: RLTrainerConfig, step: int, engines: Engines, checkpoints: BackgroundCheckpoints) -> dict:
@@ -235,24 +240,24 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
                 history.append(metrics)
                 progress.update(task, advance=1, description=describe(metrics))
 
-            # DVC records step N in the background while step N+1 runs (behind N's checkpoint, if it writes
-            # one); a step counts as done (done.json) only once recorded, so a run killed before that
-            # re-records it on resume.
+            # DVC records step N in the background while the next steps run (behind N's checkpoint, if it
+            # writes one; a checkpoint's hash can outlast a step); a step counts as done (done.json) only
+            # once recorded, so a run killed before that re-records it on resume.
             checkpoints = BackgroundCheckpoints(config, engines)
             try:
                 with recorder() as dvc:
-                    pending = None
+                    unrecorded: deque = deque()  # (step, metrics, its record), oldest first
                     for step in range(start, total + 1):
                         started = time.perf_counter()
                         metrics = run_step(config, step, engines, checkpoints)
                         metrics["time/step"] = time.perf_counter() - started
-                        if pending:
-                            finish(*pending)
+                        while unrecorded and (unrecorded[0][2].done() or len(unrecorded) >= MAX_UNRECORDED):
+                            finish(*unrecorded.popleft())
                         newest = newest_checkpoint(config, layout, step, total)
                         record = partial(dvc.submit, record_step, params, layout, step, newest)
-                        pending = (step, metrics, checkpoints.record_after(record))
-                    if pending:
-                        finish(*pending)
+                        unrecorded.append((step, metrics, checkpoints.record_after(record)))
+                    while unrecorded:
+                        finish(*unrecorded.popleft())
             finally:
                 checkpoints.close()
     finally:

@@ -17,6 +17,7 @@ RUN = [
     f"rollout_steps={STEPS}",
     f"checkpoint_interval={INTERVAL}",
     "checkpoint_maxkeep=-1",
+    "hf_interval=-1",
     "dataflow_config.global_batch_size=2",
     "dataflow_config.prompt_repeat_k=2",
     "dataflow_config.sample_params.max_tokens=8",
@@ -61,7 +62,7 @@ def test_lineage_cost_by_model_size(benchmark, size_project, tmp_path, size):
         "materialize", tmp_path, project=size_project, work_dir=work_dir, step=INTERVAL - 1, out=tmp_path / "replayed"
     )
     run_dir = size_project / work_dir
-    kept = {step: step_bytes(run_dir / f"step-{step}") for step in range(1, STEPS + 1)}
+    kept = {str(step): step_bytes(run_dir / f"step-{step}") for step in range(1, STEPS + 1)}
     rollouts = {
         step: sum(
             (run_dir / f"step-{step}" / name).stat().st_size
@@ -80,4 +81,4 @@ def test_lineage_cost_by_model_size(benchmark, size_project, tmp_path, size):
             "replay": {**replayed, "steps": INTERVAL - 1},
         },
     )
-    assert all((run_dir / f"step-{step}/policy").is_dir() == (step in (INTERVAL, STEPS)) for step in kept)
+    assert all((run_dir / f"step-{step}/policy").is_dir() == (int(step) in (INTERVAL, STEPS)) for step in kept)
