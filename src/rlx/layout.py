@@ -85,7 +85,9 @@ class RunLayout:
         """Steps holding a finished checkpoint, in order: its stage's metrics (written last) say it saved,
         and every file it recorded is there at its size (retention prunes old ones; a damaged one is
         not a checkpoint until its stage has written it again)."""
-        return [step for step in self.steps_with("checkpoint_metrics.json") if self.holds_checkpoint(step)]
+        folders = Path(self.work_dir).glob("step-*/policy/config.json")  # only steps that wrote weights
+        steps = sorted(int(path.parents[1].name.removeprefix("step-")) for path in folders)
+        return [step for step in steps if self.holds_checkpoint(step)]
 
     def holds_checkpoint(self, step: int) -> bool:
         paths = self.step(step)
