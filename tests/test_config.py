@@ -75,6 +75,10 @@ SECTION_CASES = [
     ("tiny_model.hidden_size=130", "tiny_model: hidden_size (130) must be divisible by num_attention_heads (4)"),
     ("dataflow_config.prompt_repeat_k=1", "dataflow_config.prompt_repeat_k must be at least 2, got 1"),
     ("resources.num_workers=0", "resources.num_workers: Input should be greater than 0; got 0"),
+    ("resources.num_cpus_per_worker=4", "resources.num_cpus_per_worker: kept for XTuner compatibility, not supported: rlx starts one process per worker and leaves CPU placement to the OS (XTuner reserves Ray CPUs); got 4"),
+    ("load_checkpoint_cfg.checkpoint_path=ckpt", "load_checkpoint_cfg.checkpoint_path: kept for XTuner compatibility, not supported: rlx resumes a run from its own work_dir (auto_resume) and starts from load_from; to start from another run's policy, point load_from at its HF export; got 'ckpt'"),
+    ("dataflow_config.sample_params.n=4", "dataflow_config.sample_params.n 4: rollouts sample dataflow_config.prompt_repeat_k responses per prompt (n is read in evaluation only); set prompt_repeat_k instead"),
+    ("evaluator_config.dataset_cfg.0.sample_ratio=2", "evaluator_config.dataset_cfg.0.sample_ratio: Input should be less than or equal to 1; got 2"),
 ]  # fmt: skip
 
 
@@ -208,3 +212,37 @@ def test_every_preset_is_a_valid_config(preset):
     on_cpu = "gpu" in preset.parts and importlib.util.find_spec("lmdeploy") is None
     overrides = [*preset_overrides(preset), *(["rollout_config.backend=transformers"] if on_cpu else [])]
     assert config.load(PARAMS, overrides) != config.load(PARAMS)
+
+
+def test_settings_that_cannot_act_here_are_refused_or_warned_once(tmp_path, recwarn):
+    import torch
+
+    from rlx.engines import check_setup
+    from rlx.errors import UserError
+
+    check_setup(config.load(PARAMS))
+    assert not [w for w in recwarn if "rollout_config" in str(w.message)]  # the demo sets none of them
+    with pytest.warns(UserWarning, match=r"^rollout_config.context_length, rollout_config.extra_engine_args: read by "):
+        check_setup(
+            config.load(PARAMS, ["rollout_config.context_length=256", "rollout_config.extra_engine_args={a: 1}"])
+        )
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=2\nnode-b slots=2\n")
+    with pytest.raises(UserError, match=r"provides 4 slots but resources.num_workers is 2; .* make them equal"):
+        check_setup(config.load(PARAMS, [f"resources.hostfile={hosts}", "resources.num_workers=2"]))
+    check_setup(config.load(PARAMS, [f"resources.hostfile={hosts}", "resources.num_workers=4"]))
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match=r"^resources.accelerator 'GPU': torch sees no CUDA device here"):
+            check_setup(config.load(PARAMS, ["resources.accelerator=GPU"]))
+
+
+def test_a_stage_refuses_an_accelerator_it_does_not_have_in_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible here")
+    with pytest.raises(SystemExit) as exited:
+        main(["stage", "prepare", str(PARAMS), "-S", "resources.accelerator=GPU"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "resources.accelerator 'GPU': torch sees no CUDA device here" in err and "Traceback" not in err

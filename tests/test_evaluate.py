@@ -66,3 +66,47 @@ def test_rlx_eval_scores_a_model_folder_outside_a_run(tiny_model, tmp_path, caps
     with pytest.raises(SystemExit):
         main([*args[:-2], "--n", "4", "--temperature", "1.0", "--judger", "gsm8k"])
     assert "pass@4" in capsys.readouterr().out
+
+
+class RecordingSampler:
+    """Answers every prompt with '#### 3' and keeps what it was asked, to see what evaluation samples."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt_ids, params, *, seed):
+        from rlx.rollout.types import Generation
+
+        self.calls.append((list(prompt_ids), seed))
+        return [Generation(list(p), [1, 2], "#### 3", [0.0, 0.0], "stop") for p in prompt_ids]
+
+
+def test_eval_sample_ratio_and_sampling_seed_are_read(tmp_path, monkeypatch):
+    import json
+
+    from rlx import config
+    from rlx.stages import evaluate
+
+    data = tmp_path / "test.jsonl"
+    rows = [
+        {
+            "data_source": "rlx/arith",
+            "prompt": [{"role": "user", "content": str(i)}],
+            "reward_model": {"ground_truth": "3"},
+        }
+        for i in range(20)
+    ]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(evaluate, "prompt_ids", lambda tokenizer, prompt: [int(prompt[0]["content"])])
+    eval_set = f"evaluator_config.dataset_cfg=[{{name: t, anno_path: {data}, sample_ratio: 0.5}}]"
+    cfg = config.load(
+        None, [eval_set, "evaluator_config.eval_sample_ratio=0.5", "evaluator_config.sample_params.seed=9"]
+    )
+    sampler = RecordingSampler()
+    samples, _ = evaluate.evaluate_policy(cfg, sampler, None, step=1)
+    ((prompts, seed),) = sampler.calls
+    assert len(samples) == len(prompts) == 5 and seed == 9  # 20 rows x 0.5 x 0.5, the set's own seed
+    evaluate.evaluate_policy(cfg, sampler, None, step=2)
+    assert sampler.calls[1] == sampler.calls[0]  # the same seeded subset every time
+    evaluate.evaluate_policy(config.load(None, [eval_set]), sampler, None, step=1)
+    assert len(sampler.calls[2][0]) == 10 and sampler.calls[2][1] == cfg.seed

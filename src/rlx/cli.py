@@ -130,7 +130,7 @@ def stage(
 ) -> None:
     """Run one pipeline stage for the step in params.yaml's `run.step` (`run.checkpoint` for the
     checkpoint stage): what dvc.yaml calls."""
-    from rlx.engines import Engines
+    from rlx.engines import Engines, check_setup
     from rlx.layout import STAGES
     from rlx.stages import run_stage
 
@@ -138,6 +138,7 @@ def stage(
         raise UserError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
     config = load_config(params, overrides)
     step = config.run.checkpoint if name == "checkpoint" else config.run.step
+    check_setup(config)
     metrics = run_stage(name, config, step, Engines(config))
     console.print_json(data=metrics)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlx.errors import UserError
 
@@ -26,10 +26,32 @@ class ConfigError(UserError):
     """The configuration file or an override is invalid."""
 
 
+UNSUPPORTED = "kept for XTuner compatibility, not supported"
+
+
+def unsupported(default: Any, reason: str) -> Any:
+    """A field XTuner has and rlx cannot act on: its default is accepted (so a carried-over config loads),
+    any other value is refused with ``reason`` rather than silently ignored."""
+    return Field(
+        default,
+        description=f"{UNSUPPORTED[0].upper()}{UNSUPPORTED[1:]}: {reason}",
+        json_schema_extra={"unsupported": reason},
+    )
+
+
 class Section(BaseModel):
     """Base of every config section: unknown keys are rejected, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*")
+    @classmethod
+    def _supported(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields[info.field_name]
+        reason = (field.json_schema_extra or {}).get("unsupported")
+        if reason and value != field.default:
+            raise ValueError(f"{UNSUPPORTED}: {reason}")
+        return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -58,15 +80,15 @@ class TinyModelConfig(Section):
     output_dir: Path = Field(Path("data/tiny-qwen3"), description="HF model folder written by `rlx init-model`.")
     metrics_path: Path = Field(Path("data/warm_start.json"), description="Warm-start metrics (a DVC metric).")
     vocab_size: int = Field(384, ge=64, description="Target size of the locally trained BPE vocabulary.")
-    hidden_size: int = Field(160, gt=0)
-    intermediate_size: int = Field(480, gt=0)
-    num_hidden_layers: int = Field(4, gt=0)
-    num_attention_heads: int = Field(4, gt=0)
-    num_key_value_heads: int = Field(2, gt=0)
-    max_position_embeddings: int = Field(256, gt=0)
+    hidden_size: int = Field(160, gt=0, description="Width of the tiny model.")
+    intermediate_size: int = Field(480, gt=0, description="Width of its MLPs.")
+    num_hidden_layers: int = Field(4, gt=0, description="Transformer layers.")
+    num_attention_heads: int = Field(4, gt=0, description="Query heads; they divide hidden_size.")
+    num_key_value_heads: int = Field(2, gt=0, description="Key/value heads (grouped-query attention).")
+    max_position_embeddings: int = Field(256, gt=0, description="Longest prompt plus response it can hold.")
     sft_steps: int = Field(200, ge=0, description="Supervised warm-start steps; few on purpose, so RL has room.")
-    sft_batch_size: int = Field(64, gt=0)
-    sft_lr: float = Field(3e-3, gt=0)
+    sft_batch_size: int = Field(64, gt=0, description="Solutions per warm-start step.")
+    sft_lr: float = Field(3e-3, gt=0, description="Warm-start learning rate.")
     plain_answer_names: list[str] = Field(
         ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus"],
         description="Problems about these people get warm-start solutions that mostly ignore the '####' format.",
@@ -100,61 +122,102 @@ class TinyModelConfig(Section):
 class AcceleratorResourcesConfig(Section):
     """Where training runs (XTuner ``resources``)."""
 
-    accelerator: Literal["CPU", "GPU"] = Field("CPU", description="rlx default CPU (XTuner: GPU).")
+    accelerator: Literal["CPU", "GPU"] = Field(
+        "CPU",
+        description="The device the run expects (rlx default CPU; XTuner: GPU). rlx uses a CUDA GPU whenever one "
+        "is visible: GPU without one stops the run, CPU with one warns.",
+    )
     num_workers: int = Field(1, gt=0, description="Training processes; >1 launches through DeepSpeed's launcher.")
     hostfile: Path | None = Field(
         None,
         description="rlx addition: a DeepSpeed hostfile (`HOST slots=N` per line) for multi-node training; "
         "its slots must add up to num_workers. Without it, num_workers processes run on this host.",
     )
-    num_cpus_per_worker: int = Field(2, gt=0)
-    cpu_memory_per_worker: int = Field(8 * 1024**3, gt=0, description="Bytes of host memory per worker.")
+    num_cpus_per_worker: int = unsupported(
+        2, "rlx starts one process per worker and leaves CPU placement to the OS (XTuner reserves Ray CPUs)"
+    )
+    cpu_memory_per_worker: int = unsupported(
+        8 * 1024**3, "rlx reserves no host memory per worker (XTuner reserves it in Ray)"
+    )
 
 
 class SampleParams(Section):
     """Sampling parameters of rollout and evaluation (XTuner ``SampleParams``)."""
 
-    n: int = Field(1, gt=0, description="Samples per prompt in evaluation (rollout uses prompt_repeat_k).")
-    temperature: float = Field(1.0, ge=0, description="0 means greedy.")
-    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(
+        1, gt=0, description="Samples per prompt in evaluation (pass@k, maj@n); rollouts use prompt_repeat_k."
+    )
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        description="0 means greedy. Training rollouts sample at 1.0, as DAPO (arXiv 2503.14476) does, so the "
+        "sampled log-probs are the policy's own.",
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 (off) keeps rollouts on-policy.")
     top_k: int = Field(0, ge=0, description="0 disables top-k.")
-    repetition_penalty: float = Field(1.0, gt=0)
-    max_tokens: int = Field(64, gt=0, description="New tokens per response.")
-    min_tokens: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0, description="1.0 is off; other values bias rollouts off-policy.")
+    max_tokens: int = Field(
+        64,
+        gt=0,
+        description="New tokens per response. DAPO (arXiv 2503.14476) allows 20480, the last 4096 of them its "
+        "overlong buffer; DeepSeekMath's GRPO (arXiv 2402.03300) 1024.",
+    )
+    min_tokens: int = Field(0, ge=0, description="EOS and stop ids are suppressed before this many new tokens.")
     stops: list[str] = Field(default_factory=list, description="Stop strings (not included in the response).")
     stop_token_ids: list[int] = Field(default_factory=list, description="Stop ids besides the tokenizer's EOS.")
-    skip_special_tokens: bool = True
-    do_sample: bool = True
+    skip_special_tokens: bool = Field(True, description="Leave special tokens out of the decoded response text.")
+    do_sample: bool = Field(True, description="False decodes greedily, whatever the temperature.")
     seed: int | None = Field(
-        None, description="rlx addition: sampling seed; None derives it from the run seed and step."
+        None,
+        description="rlx addition: sampling seed; None derives it from the run seed (and, in rollouts, the step).",
     )
 
 
 class RolloutConfig(Section):
-    """The rollout engine (XTuner ``RolloutConfig``)."""
+    """The rollout engine (XTuner ``RolloutConfig``). The LMDeploy-only fields are read by that backend
+    alone; with ``transformers``, a value other than their default is warned about once."""
 
     backend: Literal["transformers", "lmdeploy"] = Field(
         "transformers",
         description="rlx addition: the engine as a field (XTuner picks it by environment variable). "
         "`lmdeploy` needs the `gpu` extra.",
     )
-    lmdeploy_backend: Literal["pytorch", "turbomind"] = "pytorch"
-    tensor_parallel_size: int = Field(1, gt=0)
-    gpu_memory_utilization: float = Field(0.7, gt=0, le=1)
-    context_length: int = Field(512, gt=0, description="Prompt plus response tokens the engine must hold.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    lmdeploy_backend: Literal["pytorch", "turbomind"] = Field(
+        "pytorch", description="LMDeploy only: its engine; weight updates need `pytorch`."
+    )
+    tensor_parallel_size: int = Field(1, gt=0, description="LMDeploy only: GPUs per engine; weight updates need 1.")
+    gpu_memory_utilization: float = Field(
+        0.7, gt=0, le=1, description="LMDeploy only: the KV cache's share of free GPU memory (below 1)."
+    )
+    context_length: int = Field(512, gt=0, description="LMDeploy only: prompt plus response tokens a session holds.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="On a GPU, the dtype of the copies only sampled or scored (auto: the checkpoint's own); "
+        "on CPU always float32.",
+    )
     rollout_max_batch_size: int = Field(1024, gt=0, description="Sequences generated together in one batch.")
-    extra_engine_args: dict[str, Any] = Field(default_factory=dict, description="Passed to the engine as is.")
+    extra_engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="LMDeploy only: passed to its engine config as is."
+    )
 
 
 class DataFlowConfig(Section):
     """How many samples a rollout step makes (XTuner ``DataFlowConfig``)."""
 
-    global_batch_size: int = Field(16, gt=0, description="Prompt groups per rollout step.")
-    prompt_repeat_k: int = Field(8, gt=0, description="Responses per prompt (the group size).")
-    sample_params: SampleParams = Field(default_factory=SampleParams)
+    global_batch_size: int = Field(
+        16, gt=0, description="Prompt groups per rollout step (DAPO, arXiv 2503.14476: 512; DeepSeekMath: 1024)."
+    )
+    prompt_repeat_k: int = Field(
+        8,
+        gt=0,
+        description="Responses per prompt, the group of group estimators: DeepSeekMath's GRPO (arXiv 2402.03300) "
+        "samples 64, DAPO (arXiv 2503.14476) 16.",
+    )
+    sample_params: SampleParams = Field(default_factory=SampleParams, description="Sampling of training rollouts.")
     enable_dynamic_sampling: bool = Field(
-        False, description="rlx addition: drop groups whose rewards are all equal and refill them (DAPO)."
+        False,
+        description="rlx addition: DAPO's dynamic sampling (arXiv 2503.14476): drop groups whose rewards are all "
+        "equal (no gradient) and refill the batch from reserve prompts. DAPO turns it on.",
     )
     max_retry_times: int = Field(3, ge=0, description="Extra prompt batches dynamic sampling may draw per step.")
 
@@ -162,9 +225,9 @@ class DataFlowConfig(Section):
 class DatasetConfig(Section):
     """One prompt dataset: parquet or jsonl rows with ``data_source``, ``prompt`` and ``reward_model``."""
 
-    name: str = Field(..., min_length=1)
+    name: str = Field(..., min_length=1, description="The set's name in metrics and artifacts.")
     anno_path: Path = Field(..., description="A .parquet or .jsonl file, or a folder of them.")
-    sample_ratio: float = Field(1.0, gt=0, description="Fraction of rows used (above 1 repeats rows).")
+    sample_ratio: float = Field(1.0, gt=0, description="Fraction of rows used, a seeded subset (above 1 repeats rows).")
 
 
 class ReplayBufferConfig(Section):
@@ -173,9 +236,10 @@ class ReplayBufferConfig(Section):
     dataset_cfg: list[DatasetConfig] = Field(
         default_factory=lambda: [DatasetConfig(name="arith", anno_path=Path("data/arith/train.parquet"))],
         min_length=1,
+        description="The training prompt sets, mixed.",
     )
     max_prompt_length: int = Field(128, gt=0, description="Longer prompts are dropped and counted.")
-    shuffle: bool = True
+    shuffle: bool = Field(True, description="Seeded reshuffle of the prompts every epoch; false keeps file order.")
 
 
 class JudgerItemConfig(Section):
@@ -188,11 +252,15 @@ class JudgerItemConfig(Section):
 
 
 class OverlongBufferConfig(Section):
-    """DAPO's soft overlong punishment, added to the reward of responses near max_tokens."""
+    """DAPO's soft overlong punishment (arXiv 2503.14476), added to the reward of responses near max_tokens."""
 
-    enable: bool = False
-    len: int = Field(16, gt=0, description="The last this many tokens before max_tokens ramp the penalty to -factor.")
-    penalty_factor: float = Field(1.0, ge=0)
+    enable: bool = Field(False, description="DAPO turns it on.")
+    len: int = Field(
+        16,
+        gt=0,
+        description="The last this many tokens before max_tokens ramp the penalty to -factor (DAPO: 4096 of 20480).",
+    )
+    penalty_factor: float = Field(1.0, ge=0, description="The penalty at max_tokens, negated (DAPO: 1.0).")
 
 
 class JudgerConfig(Section):
@@ -201,89 +269,133 @@ class JudgerConfig(Section):
     reward_judger_configs: list[JudgerItemConfig] = Field(
         default_factory=lambda: [JudgerItemConfig(judger_name="arith", data_source=["rlx/arith"])],
         min_length=1,
+        description="The judgers; each row is scored by those of its data_source, their scores weighted and summed.",
     )
-    timeout: float = Field(5.0, gt=0, description="Seconds per sample before its reward is 0.")
+    timeout: float = Field(
+        5.0, gt=0, description="Seconds per sample and judger before its score is 0 (counted in judge/errors)."
+    )
     max_response_chars: int = Field(
         16000,
         gt=0,
         description="rlx addition: judgers see at most the last this many characters of a response (where the "
         "answer is), so no parser ever gets unbounded text.",
     )
-    overlong_buffer: OverlongBufferConfig = Field(default_factory=lambda: OverlongBufferConfig())
+    overlong_buffer: OverlongBufferConfig = Field(
+        default_factory=lambda: OverlongBufferConfig(), description="DAPO's soft length penalty."
+    )
 
 
 class AdamWConfig(Section):
     """Optimizer (XTuner ``AdamWConfig``)."""
 
-    lr: float = Field(1e-4, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+    lr: float = Field(
+        1e-4,
+        gt=0,
+        description="Learning rate. DeepSeekMath's GRPO (arXiv 2402.03300) and DAPO (arXiv 2503.14476) train 7B+ "
+        "models at 1e-6; the tiny demo model needs 1e-4.",
+    )
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's moment decay rates.")
+    eps: float = Field(1e-8, gt=0, description="AdamW's denominator epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (DAPO: 0.1).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm (DAPO: 1.0).")
 
 
 class LRConfig(Section):
     """Learning-rate schedule (XTuner ``LRConfig``)."""
 
-    lr_type: Literal["constant", "cosine", "linear"] = "constant"
+    lr_type: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Shape after warm-up; RL recipes (DAPO, DeepSeekMath) keep it constant."
+    )
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of optimizer steps spent warming up.")
-    lr_min: float = Field(0.0, ge=0)
+    lr_min: float = Field(0.0, ge=0, description="Where cosine and linear decay end.")
 
 
 class PolicyLossConfig(Section):
     """The policy-gradient surrogate (XTuner ``policy_loss_cfg``)."""
 
     loss_type: Literal["vanilla", "gspo", "cispo"] = Field(
-        "vanilla", description="vanilla: PPO clip; gspo: sequence ratio (GSPO); cispo: clipped IS weight (CISPO)."
+        "vanilla",
+        description="vanilla: PPO clip; gspo: one length-normalised ratio per sequence (GSPO, arXiv 2507.18071); "
+        "cispo: clipped, detached IS weight on every token (CISPO, MiniMax-M1, arXiv 2506.13585).",
     )
-    cliprange_low: float = Field(0.2, ge=0)
-    cliprange_high: float = Field(0.2, ge=0, description="Above cliprange_low gives DAPO's clip-higher.")
-    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages.")
+    cliprange_low: float = Field(
+        0.2,
+        ge=0,
+        description="Lower clip of the ratio, 1 - low. PPO and DAPO (arXiv 2503.14476) use 0.2; GSPO's sequence "
+        "ratio (arXiv 2507.18071) 3e-4.",
+    )
+    cliprange_high: float = Field(
+        0.2,
+        ge=0,
+        description="Upper clip, 1 + high; above cliprange_low it is DAPO's clip-higher (arXiv 2503.14476: 0.28). "
+        "GSPO (arXiv 2507.18071) uses 4e-4.",
+    )
+    clip_ratio_c: float = Field(
+        3.0, gt=1, description="Dual-clip bound for negative advantages (Ye et al., arXiv 1912.09729: 3)."
+    )
 
 
 class RolloutCorrectionConfig(Section):
-    """rlx addition: importance weights for the rollout/train log-prob mismatch (off by default)."""
+    """rlx addition: importance weights for the rollout/train log-prob mismatch (off by default), after
+    Yao et al. (2025), "Your efficient RL framework secretly brings you off-policy RL training"."""
 
-    enabled: bool = False
-    level: Literal["token", "sequence"] = "token"
+    enabled: bool = Field(False, description="Weight the loss by pi_train / pi_rollout (mismatch/* is logged always).")
+    level: Literal["token", "sequence"] = Field("token", description="One weight per token (TIS) or per sequence.")
     mode: Literal["truncate", "mask"] = Field(
-        "truncate", description="truncate: cap at threshold_high (TIS); mask: drop."
+        "truncate", description="truncate: cap the weight at threshold_high (truncated IS, TIS); mask: drop."
     )
-    threshold_high: float = Field(2.0, gt=1)
+    threshold_high: float = Field(
+        2.0, gt=1, description="The weight's cap (truncate) or upper bound (mask); Yao et al. cap at 2."
+    )
     threshold_low: float = Field(0.5, gt=0, lt=1, description="Lower bound of the mask mode.")
 
 
 class LossConfig(Section):
     """The RL loss (XTuner ``GRPOLossConfig``)."""
 
-    policy_loss_cfg: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    policy_loss_cfg: PolicyLossConfig = Field(default_factory=PolicyLossConfig, description="The surrogate.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
-        "token-mean"
+        Field(
+            "token-mean",
+            description="How token losses become one: token-mean over the mini-batch is DAPO's (arXiv 2503.14476); "
+            "seq-mean-token-mean the original GRPO's; seq-mean-token-sum-norm Dr. GRPO's (arXiv 2503.20783), "
+            "without length bias.",
+        )
     )
-    use_kl_loss: bool = False
-    kl_loss_coef: float = Field(0.001, ge=0)
-    kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0, description="rlx addition: entropy bonus.")
-    mask_truncated: bool = Field(False, description="Leave responses cut at max_tokens out of the loss (DAPO).")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    use_kl_loss: bool = Field(
+        False,
+        description="Add kl_loss_coef x KL(policy || reference) to the loss, as GRPO does (arXiv 2402.03300); "
+        "DAPO and Dr. GRPO drop it.",
+    )
+    kl_loss_coef: float = Field(0.001, ge=0, description="The KL loss weight (DeepSeekMath's GRPO: 0.04).")
+    kl_loss_type: Literal["k1", "k2", "k3", "abs"] = Field(
+        "k3", description="KL estimator (Schulman, 2020); GRPO uses k3, unbiased and always positive."
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="rlx addition: entropy bonus (0 in GRPO and DAPO).")
+    mask_truncated: bool = Field(
+        False, description="Leave responses cut at max_tokens out of the loss (DAPO's overlong filtering)."
+    )
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig, description="Importance sampling against rollout mismatch."
+    )
 
 
 class DeepSpeedConfig(Section):
     """rlx addition (XTuner uses FSDP): how DeepSpeed trains the policy."""
 
-    zero_stage: Literal[0, 1, 2, 3] = 1
-    precision: Literal["fp32", "bf16"] = "fp32"
-    offload_optimizer: bool = False
-    activation_checkpointing: bool = False
+    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="ZeRO stage: what is sharded across workers.")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 mixed precision needs a GPU.")
+    offload_optimizer: bool = Field(False, description="Keep the optimizer state in host memory (ZeRO offload).")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
 
 
 class WorkerConfig(Section):
     """The training engine (XTuner ``WorkerConfig``)."""
 
-    optim_cfg: AdamWConfig = Field(default_factory=AdamWConfig)
-    lr_cfg: LRConfig = Field(default_factory=LRConfig)
-    loss_cfg: LossConfig = Field(default_factory=LossConfig)
-    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    optim_cfg: AdamWConfig = Field(default_factory=AdamWConfig, description="The optimizer.")
+    lr_cfg: LRConfig = Field(default_factory=LRConfig, description="The learning-rate schedule.")
+    loss_cfg: LossConfig = Field(default_factory=LossConfig, description="The RL loss.")
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed's settings.")
     optimizer_steps: int = Field(1, gt=0, description="Optimizer steps (mini-batches) per rollout step.")
     pack_max_length: int = Field(4096, gt=0, description="Token budget of one micro-batch.")
     max_consecutive_nonfinite: int = Field(
@@ -297,31 +409,40 @@ class WorkerConfig(Section):
 class EvalDatasetConfig(DatasetConfig):
     """An eval set; it may name its own judger and sampling (e.g. n samples for pass@k)."""
 
+    sample_ratio: float = Field(
+        1.0, gt=0, le=1, description="Fraction of the set's rows evaluated, a seeded subset (times eval_sample_ratio)."
+    )
     judger_name: str | None = Field(None, description="Judger for this set; default: judger_config by data_source.")
-    judger_options: dict[str, Any] = Field(default_factory=dict)
+    judger_options: dict[str, Any] = Field(default_factory=dict, description="Options of that judger.")
     sample_params: SampleParams | None = Field(None, description="Sampling for this set; default: the evaluator's.")
 
 
 class EvaluatorConfig(Section):
     """Held-out evaluation (XTuner ``EvaluatorConfig``)."""
 
-    enable_evaluate: bool = True
+    enable_evaluate: bool = Field(True, description="Evaluate every evaluate_step steps and at the end.")
     enable_initial_evaluate: bool = Field(True, description="Evaluate the base policy as step 0 (rlx default on).")
     evaluate_step: int = Field(10, gt=0, description="Evaluate every this many rollout steps and at the end.")
     dataset_cfg: list[EvalDatasetConfig] = Field(
         default_factory=lambda: [EvalDatasetConfig(name="arith", anno_path=Path("data/arith/test.parquet"))],
         min_length=1,
+        description="The held-out sets, each reported on its own.",
     )
-    eval_sample_ratio: float = Field(1.0, gt=0, le=1)
-    sample_params: SampleParams = Field(default_factory=lambda: SampleParams(temperature=0.0, do_sample=False))
+    eval_sample_ratio: float = Field(
+        1.0, gt=0, le=1, description="Fraction of every set's rows evaluated, the same seeded subset each time."
+    )
+    sample_params: SampleParams = Field(
+        default_factory=lambda: SampleParams(temperature=0.0, do_sample=False),
+        description="Sampling of the eval sets that set none (default greedy).",
+    )
 
 
 class KLControlConfig(Section):
     """The KL-in-reward coefficient: fixed, or adaptive towards a target KL (Ziegler et al., 2019)."""
 
-    type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: float = Field(0.001, ge=0)
-    target_kl: float = Field(0.1, gt=0)
+    type: Literal["fixed", "adaptive"] = Field("fixed", description="adaptive: Ziegler et al., arXiv 1909.08593.")
+    kl_coef: float = Field(0.001, ge=0, description="The coefficient (adaptive: its starting value).")
+    target_kl: float = Field(0.1, gt=0, description="The KL per response the adaptive coefficient steers to.")
     horizon: int = Field(10000, gt=0, description="Samples over which the adaptive coefficient may move 20 %.")
 
 
@@ -330,33 +451,42 @@ class AdvantageEstimatorConfig(Section):
 
     type: Literal[
         "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "pass_at_k"
-    ] = "grpo"
+    ] = Field(
+        "grpo",
+        description="grpo: group z-score (arXiv 2402.03300); dr_grpo: group mean only (arXiv 2503.20783); rloo: "
+        "leave-one-out (arXiv 2402.14740); reinforce_plus_plus(_baseline): batch-whitened (arXiv 2501.03262); "
+        "opo: length-weighted baseline; pass_at_k: pass@k training.",
+    )
     eps: float = Field(1e-6, gt=0, description="Added to the std before dividing (grpo, reinforce_plus_plus*).")
     k: int = Field(4, ge=1, description="The k of pass_at_k.")
     use_kl_in_reward: bool = Field(False, description="Subtract kl_ctrl.kl_coef x the response's KL from its reward.")
-    kl_penalty: Literal["k1", "k2", "k3", "abs"] = "k1"
-    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    kl_penalty: Literal["k1", "k2", "k3", "abs"] = Field("k1", description="KL estimator in the reward.")
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, description="The KL-in-reward coefficient.")
+
+
+LOAD_CHECKPOINT = "rlx resumes a run from its own work_dir (auto_resume) and starts from load_from; to start from "
+LOAD_CHECKPOINT += "another run's policy, point load_from at its HF export"
 
 
 class LoadCheckpointConfig(Section):
-    """Resuming from an explicit checkpoint (XTuner ``LoadCheckpointConfig``)."""
+    """Resuming from an explicit checkpoint (XTuner ``LoadCheckpointConfig``): not supported, see its fields."""
 
-    checkpoint_path: Path | None = None
-    load_optimizer_states: bool = True
-    load_optimizer_args: bool = True
-    load_dataset: bool = True
-    load_scheduler: bool = True
+    checkpoint_path: Path | None = unsupported(None, LOAD_CHECKPOINT)
+    load_optimizer_states: bool = unsupported(True, LOAD_CHECKPOINT)
+    load_optimizer_args: bool = unsupported(True, LOAD_CHECKPOINT)
+    load_dataset: bool = unsupported(True, LOAD_CHECKPOINT)
+    load_scheduler: bool = unsupported(True, LOAD_CHECKPOINT)
 
 
 class WandbConfig(Section):
     """rlx addition: Weights & Biases logging of every step."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Log to W&B besides the local tracker.")
     mode: Literal["offline", "online", "disabled"] = Field(
         "offline", description="offline by default; `online` needs WANDB_API_KEY or a `wandb login`."
     )
-    project: str = "rlx"
-    entity: str | None = None
+    project: str = Field("rlx", description="The W&B project.")
+    entity: str | None = Field(None, description="The W&B team or user; None: the default of the login.")
     name: str | None = Field(None, description="Run name; defaults to the work_dir's name.")
 
 
@@ -380,11 +510,11 @@ class RLTrainerConfig(Section):
     """The whole run. Mirrors XTuner v1's ``RLTrainerConfig``."""
 
     load_from: Path = Field(Path("data/tiny-qwen3"), description="Base model: a HF folder.")
-    tokenizer_path: Path = Field(Path("data/tiny-qwen3"))
+    tokenizer_path: Path = Field(Path("data/tiny-qwen3"), description="A HF tokenizer folder with a chat template.")
     work_dir: Path = Field(Path("runs/demo"), description="Every artifact of the run lives under it.")
-    total_epochs: int = Field(1, gt=0)
+    total_epochs: int = Field(1, gt=0, description="Passes over the prompts (unless rollout_steps is set).")
     rollout_steps: int | None = Field(None, gt=0, description="If set, the run's length in steps (overrides epochs).")
-    seed: int = 42
+    seed: int = Field(42, description="Seeds every stage (with the step), so a rerun repeats the run exactly.")
     auto_resume: bool = Field(True, description="rlx default on: a rerun continues where it stopped.")
     checkpoint_interval: int = Field(
         10,
@@ -434,6 +564,11 @@ class RLTrainerConfig(Section):
                 "(or use backend 'transformers')"
             )
         sampling = self.dataflow_config.sample_params
+        if sampling.n != 1:
+            raise ValueError(
+                f"dataflow_config.sample_params.n {sampling.n}: rollouts sample dataflow_config.prompt_repeat_k "
+                "responses per prompt (n is read in evaluation only); set prompt_repeat_k instead"
+            )
         if self.rollout_config.backend == "lmdeploy" and sampling.do_sample and sampling.temperature not in (0, 1):
             raise ValueError(
                 f"dataflow_config.sample_params.temperature {sampling.temperature}: LMDeploy returns the log-probs "

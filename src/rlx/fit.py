@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlx import faults, worklock
 from rlx.artifacts import read_json, remove_temporaries, write_json, write_text
 from rlx.config import RLTrainerConfig, RunPointer, load, to_yaml
-from rlx.engines import Engines
+from rlx.engines import Engines, check_setup
 from rlx.errors import UserError
 from rlx.layout import ITERATION, RunLayout
 from rlx.record import edit_params, point_at_step, record_step, recorder, repair_dvc_lock
@@ -194,6 +194,7 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
         load(params, overrides)  # validate before touching the file
         edit_params(params, overrides)
     config = load(params)
+    check_setup(config)
     repair_dvc_lock(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
     engines = Engines(config)

@@ -13,6 +13,26 @@ from typing import Protocol
 from rlx.config import RolloutConfig, SampleParams
 from rlx.rollout.types import Generation
 
+LMDEPLOY_ONLY = (
+    "lmdeploy_backend",
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "context_length",
+    "extra_engine_args",
+)
+
+
+def ignored_settings(config: RolloutConfig) -> list[str]:
+    """The LMDeploy-only fields set away from their defaults while another backend runs: they cannot act."""
+    if config.backend == "lmdeploy":
+        return []
+    fields = type(config).model_fields
+    return [
+        f"rollout_config.{name}"
+        for name in LMDEPLOY_ONLY
+        if getattr(config, name) != fields[name].get_default(call_default_factory=True)
+    ]
+
 
 class Sampler(Protocol):
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list[Generation]:

@@ -104,13 +104,13 @@ def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: 
     samples, metrics = [], {}
     for dataset in evaluator.dataset_cfg:
         rows = load_rows(dataset.anno_path)
-        count = max(1, round(len(rows) * evaluator.eval_sample_ratio))
+        count = max(1, round(len(rows) * dataset.sample_ratio * evaluator.eval_sample_ratio))
         indices = sorted(random.Random(config.seed).sample(range(len(rows)), count))
         params = dataset.sample_params or evaluator.sample_params
         outputs = sampler.generate(
             [prompt_ids(tokenizer, rows[i]["prompt"]) for i in indices for _ in range(params.n)],
             params,
-            seed=config.seed,
+            seed=config.seed if params.seed is None else params.seed,
         )
         produced = []
         for position, out in enumerate(outputs):
