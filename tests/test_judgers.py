@@ -358,3 +358,29 @@ def test_reward_model_scores_prompt_response_pairs_in_batches(tiny_model, tmp_pa
     )
     verdicts = judges.judge_many([(r, "s", "3", row) for r in responses])
     assert [v.reward for v in verdicts] == pytest.approx(together, abs=1e-5)
+
+
+class Hanging:
+    """An in-process judger that hangs on one answer."""
+
+    in_process, correct_score = True, 1.0
+
+    def score(self, response, gold, row=None):
+        if response == "hang":
+            time.sleep(30)
+        return float(response == gold)
+
+    def extract(self, response):
+        return response
+
+
+def test_an_in_process_judger_past_the_timeout_scores_zero_and_is_counted():
+    from dataclasses import replace
+
+    judges = panel({"judger_name": "gsm8k", "data_source": ["s"]}, timeout=0.5)
+    judges.seats = [replace(seat, judger=Hanging()) for seat in judges.seats]
+    started = time.perf_counter()
+    verdicts = judges.judge_many([("4", "s", "4", None), ("hang", "s", "4", None), ("4", "s", "4", None)])
+    assert time.perf_counter() - started < 5
+    assert [v.reward for v in verdicts] == [1.0, 0.0, 1.0]  # the one after it is judged by a fresh thread
+    assert verdicts[1].error == "gsm8k: timeout: no score within 0.5 s" and verdicts[2].error is None

@@ -5,8 +5,8 @@ float`` (and ``score_batch`` for many). ``extract(response)`` returns the answer
 kept in the judged artifact so a notebook can show why a response scored what it did.
 
 :class:`Panel` applies the configured judgers to many responses: cheap ones in this process, the
-others (``math``, ``custom``) in worker processes under ``judger_config.timeout``, and a reward
-model in batches. A judger that
+others (``math``, ``custom``) in worker processes, each call under ``judger_config.timeout`` (in
+this process in a thread with a deadline, :mod:`rlx.judgers.deadline`), and a reward model in batches. A judger that
 raises, returns a non-number or runs out of time scores 0; the error is kept and counted. Judgers see
 at most the last ``judger_config.max_response_chars`` characters of a response.
 """
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from rlx.config import JudgerConfig
 from rlx.errors import UserError
 from rlx.judgers.custom import CustomJudger
+from rlx.judgers.deadline import DeadlineRunner
 from rlx.judgers.format import FormatJudger
 from rlx.judgers.math import MathJudger
 from rlx.judgers.numeric import NumericAnswerJudger
@@ -130,6 +131,7 @@ class Panel:
 
     config: JudgerConfig
     seats: list[Seat] = field(init=False)
+    runner: DeadlineRunner = field(init=False, default_factory=DeadlineRunner)
 
     def __post_init__(self) -> None:
         self.seats = [
@@ -163,7 +165,8 @@ class Panel:
                 if getattr(seat.judger, "batched", False):
                     batched.setdefault(seat.name, (seat, []))[1].append(index)
                 elif seat.judger.in_process:
-                    results[index][seat.name] = safe_score(seat.judger, response, gold, row)
+                    outcome = self.runner.call(self.config.timeout, safe_score, seat.judger, response, gold, row)
+                    results[index][seat.name] = outcome
                 else:
                     task = worker_pool().apply_async(safe_score, (seat.judger, response, gold, row))
                     pending.append((index, seat.name, task))
