@@ -35,6 +35,19 @@ def test_notebook_runs_top_to_bottom_and_draws(name, runs, tmp_path):
     assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
 
 
+def test_quickstart_starts_a_run_from_python_and_opens_it(tiny_model, tmp_path):
+    project = make_project(tmp_path, tiny_model)
+    book = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), "stored with outputs"
+    parameters = next(cell for cell in book.cells if "parameters" in cell.metadata.get("tags", []))
+    parameters.source = f"PROJECT = {str(project)!r}"
+    NotebookClient(book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [output for cell in book.cells if cell.cell_type == "code" for output in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
+    assert Run(project / "runs" / "quickstart").steps() == [1, 2]
+
+
 def test_loaders_join_rollouts_judgments_and_advantages(runs):
     run = Run(runs[0])
     samples = run.samples(3)
