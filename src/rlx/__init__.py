@@ -21,11 +21,13 @@ def train(params="params.yaml", overrides=(), work_dir=None):
     from rlx.record import make_room_for_the_recorder
 
     make_room_for_the_recorder()
+    from rich.console import Console
+
     from rlx.config import load
     from rlx.explore import Run
     from rlx.fit import fit
 
     params = Path(params).resolve()
     overrides = [*overrides, *([f"work_dir={work_dir}"] if work_dir is not None else [])]
-    fit(params, overrides)
+    fit(params, overrides, Console(force_jupyter=False))  # rich's Jupyter display recurses from the progress thread
     return Run(params.parent / load(params).work_dir)  # an absolute work_dir stays as it is
