@@ -149,7 +149,7 @@ class Engines:
         if config.backend == "transformers":
             return TransformersSampler(self.policy(step), self.tokenizer, config)
         if self._lmdeploy is None:
-            saved = [k for k in self.layout.checkpoints() if k <= step]
+            saved = self.layout.checkpoints(upto=step)
             folder = self.layout.step(saved[-1]).policy if saved else self.config.load_from
             self._lmdeploy, self._lmdeploy_step = self.sampler_at(folder), saved[-1] if saved else 0
         if self._lmdeploy_step != step:
@@ -190,7 +190,7 @@ class Engines:
     def replay_root(self, step: int) -> int:
         """The newest checkpoint at or before ``step`` that a replay can start from (it has the optimizer
         state; step 0's is the empty one)."""
-        roots = [k for k in self.layout.checkpoints() if k <= step and has_optimizer_state(self.layout.step(k))]
+        roots = [k for k in self.layout.checkpoints(upto=step) if has_optimizer_state(self.layout.step(k))]
         return roots[-1] if roots else 0  # the base model with a fresh optimizer, checkpoint 0 or not
 
     def load_checkpoint(self, step: int) -> PolicyTrainer:

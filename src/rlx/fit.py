@@ -86,7 +86,7 @@ def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> 
     any replay) and the newest ``checkpoint_maxkeep`` others; drop the older ones' weights. Under
     ``checkpoint_no_save_optimizer`` every one but the newest also loses its optimizer state (only the
     newest can resume the run). Later checkpoints, maybe still being written, are left alone."""
-    done = [k for k in layout.checkpoints() if k <= step]
+    done = layout.checkpoints(upto=step)
     later = [k for k in done if k > 0]
     keep = config.checkpoint_maxkeep
     for number in later[: max(0, len(later) - keep)] if keep > 0 else []:
@@ -158,7 +158,7 @@ def run_step(config: RLTrainerConfig, step: int, engines: Engines, checkpoints: 
 
 def newest_checkpoint(config: RLTrainerConfig, layout: RunLayout, step: int, total: int) -> int:
     """The checkpoint a step's DVC record points at: its own if due, else the newest before it."""
-    return step if is_due(config, step, total) else max(k for k in [0, *layout.checkpoints()] if k <= step)
+    return step if is_due(config, step, total) else max([0, *layout.checkpoints(upto=step)])
 
 
 def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Engines, console: Console) -> dict:

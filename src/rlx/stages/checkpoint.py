@@ -15,6 +15,9 @@ mid-write leaves the previous checkpoint as it was. The metrics file, written la
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 from rlx.artifacts import DiskFullError, atomic_dir, write_json
 from rlx.config import RLTrainerConfig
 from rlx.engines import load_policy
@@ -37,6 +40,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         save_base(config, paths, engines.tokenizer)
     elif config.resources.num_workers == 1:
         save_trainer(engines.trainer(step), step, engines)
+        release_freed_memory()
     size = sum(f.stat().st_size for out in outputs(paths) for f in out.rglob("*") if f.is_file())
     return {"checkpoint/saved": 1, "checkpoint/bytes": size}
 
@@ -56,9 +60,18 @@ def save_trainer(trainer, step: int, engines) -> None:
     try:
         trainer.save(paths.policy, paths.trainer_state, engines.tokenizer)
     except DiskFullError as exc:
-        previous = [k for k in engines.layout.checkpoints() if k < step]
+        previous = engines.layout.checkpoints(upto=step - 1)
         intact = f"the previous checkpoint step-{previous[-1]} is intact" if previous else "no checkpoint was lost"
         raise DiskFullError(exc.path, f"{intact}: free some space and rerun to resume from it") from None
+
+
+def release_freed_memory() -> None:
+    """Give back to the system what the writers freed: serializing a policy and its optimizer state
+    allocates a copy of them in pieces that glibc keeps after they are freed (measured at 200 M
+    parameters: RSS 0.8 GB higher after the first checkpoint, for the rest of the run)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform == "linux" else None  # glibc's
+    if trim:
+        trim(0)
 
 
 def outputs(paths) -> list:
