@@ -109,6 +109,17 @@ def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> 
     return time.perf_counter() - started
 
 
+def recorded_md5(lock: Path, path: Path) -> str | None:
+    """The md5 a step's lock copy (gzip) recorded for ``path`` as a dependency of any stage, or None."""
+    stages = yaml.load(gzip.decompress(lock.read_bytes()), Loader=yaml.CSafeLoader).get("stages", {})
+    wanted = Path(path).as_posix()
+    for stage in stages.values():
+        for dep in stage.get("deps", []):
+            if Path(dep["path"]).as_posix() == wanted or Path(dep["path"]).resolve() == Path(path).resolve():
+                return dep.get("md5")
+    return None
+
+
 def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
     """DVC rewrites dvc.lock in place: a run killed during that write leaves it unreadable. Put back the
     copy kept by the last recorded step (a step's copy is written once its record is complete); the
