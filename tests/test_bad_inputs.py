@@ -210,6 +210,22 @@ ROWS = [
     Row("empty gold answer", [*PREPARE, *OWN_DATA],
         "{d}/rows.jsonl: row 1: empty 'reward_model.ground_truth' (the gold answer), got ''",
         files={"rows.jsonl": GOOD_ROW + GOOD_ROW.replace('"ground_truth": "4"', '"ground_truth": ""')}),
+    Row("gold answer as a list", [*PREPARE, *OWN_DATA],
+        "{d}/rows.jsonl: row 0: 'reward_model.ground_truth' must be the gold answer as a string (or a number), "
+        "got ['13']; write several answers as one string, e.g. '3, 5'",
+        files={"rows.jsonl": GOOD_ROW.replace('"ground_truth": "4"', '"ground_truth": ["13"]')}),
+    Row("unknown chat role", [*PREPARE, *OWN_DATA],
+        "{d}/rows.jsonl: row 0: 'prompt' has a message with role 'narrator'; chat roles are system, user, "
+        "assistant, tool", files={"rows.jsonl": GOOD_ROW.replace('"role": "user"', '"role": "narrator"')}),
+    Row("empty params file", **show(""),
+        message="{d}/params.yaml: the file is empty; write the fields to set (see `rlx config show`)"),
+    Row("aliases past the limit", **show("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{chr(98 + n)}: &{chr(98 + n)} [{', '.join([f'*{chr(97 + n)}'] * 10)}]\n" for n in range(5))),
+        message="{d}/params.yaml: its aliases expand to more than 100,000 values; write the values out"),
+    Row("params file too large", **show("seed: 1\n" + "#" * (1 << 20)),
+        message="{d}/params.yaml: 1,048,584 bytes, more than a params file can be (1 MiB)"),
+    Row("infinite float", ["config", "show", "{params}", "-S", "train_worker_cfg.optim_cfg.lr=.inf"],
+        "{params}: invalid configuration: train_worker_cfg.optim_cfg.lr: Input should be a finite number; got inf"),
     Row("wrong type in a column", [*PREPARE, *OWN_DATA],
         "{d}/rows.jsonl: row 2: 'prompt' must be a non-empty list of {{role, content}} messages, got 'What is 2 + 2?'",
         files={"rows.jsonl": GOOD_ROW * 2 + GOOD_ROW.replace('[{"role": "user", "content": "What is 2 + 2?"}]',

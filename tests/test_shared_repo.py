@@ -126,7 +126,7 @@ def a_file(project: Path) -> str:
 
 
 REFUSED = {
-    "broken dataset row": (broken_rows, "bad.jsonl:1: "),
+    "broken dataset row": (broken_rows, "bad.jsonl: row 0: missing column 'prompt'"),
     "truncated weights": (
         truncated_model,
         "load_from models/cut: model.safetensors is damaged (Error while deserializing header",
