@@ -75,6 +75,13 @@ def drop_chat_template(folder: Path) -> None:
     )
 
 
+def chat_template(text: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        (folder / "chat_template.jinja").write_text(text)
+
+    return edit
+
+
 def shrink_vocabulary(folder: Path) -> None:
     config_file = folder / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "vocab_size": 64}))
@@ -198,6 +205,16 @@ ROWS = [
         "tokenizer_path {d}/model: the tokenizer has no chat template (rlx renders prompts as chat messages; "
         "use an instruct model's tokenizer or set tokenizer.chat_template and save it)",
         setup=copy_model("model", drop_chat_template)),
+    Row("chat template the sandbox refuses", [*PREPARE, "-S", "tokenizer_path={d}/model"],
+        "tokenizer_path {d}/model: the chat template fails (access to attribute '__class__' of 'str' object is "
+        "unsafe.)", setup=copy_model("model", chat_template("{{ ''.__class__.__mro__ }}"))),
+    Row("chat template that never ends", [*PREPARE, "-S", "tokenizer_path={d}/model"],
+        "tokenizer_path {d}/model: the chat template did not render one prompt in 10 s",
+        setup=copy_model("model", chat_template(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"))),
+    Row("step's inputs missing", ["stage", "train", "{params}", "-S", "work_dir={d}/run"],
+        "stage train of step 1: an input is missing ({d}/run/step-1: no rollouts.parquet or judged.parquet); "
+        "run the stages before it first (`dvc repro` runs them in order)"),
     Row("tokenizer larger than the model's vocabulary", [*PREPARE, "-S", "load_from={d}/model"],
         "tokenizer_path {model}: the tokenizer has {vocab} tokens but the model in load_from {d}/model embeds "
         "only 64 (vocab_size); use the tokenizer the model was trained with",

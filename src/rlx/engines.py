@@ -8,6 +8,7 @@ is the very module step N+1 samples from, with no reload. Both paths run the sam
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from functools import cached_property
 from pathlib import Path
@@ -18,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from rlx import faults
 from rlx.artifacts import read_json
 from rlx.config import RLTrainerConfig
-from rlx.errors import UserError
+from rlx.errors import UserError, first_line
 from rlx.fingerprint import fingerprint, first_difference
 from rlx.layout import RunLayout
 from rlx.rollout import Sampler, TransformersSampler
@@ -51,10 +52,6 @@ def load_policy(path, dtype: str = "float32"):
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
-def first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
 def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
     """Refuse a tokenizer with ids the model has no embedding for: they would fail deep inside a
     forward pass (on CPU) or read other memory (on GPU), long after the cause could be named."""
@@ -67,6 +64,38 @@ def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
             f"load_from {model_path} embeds only {vocab_size} (vocab_size); use the tokenizer the model was "
             "trained with"
         )
+
+
+TEMPLATE_SECONDS = 10  # one prompt renders in milliseconds; a template still looping after this never ends
+
+
+def check_chat_template(tokenizer, tokenizer_path: Path) -> None:
+    """Render one prompt, within a time limit: a template that the Jinja sandbox refuses, that fails,
+    or that loops for ever is named here instead of failing (or hanging) on every prompt of the run."""
+    import signal
+
+    from jinja2 import TemplateError
+
+    from rlx.data import prompt_ids
+
+    def too_slow(*_):
+        raise TimeoutError
+
+    timed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGALRM, too_slow) if timed else None
+    try:
+        signal.alarm(TEMPLATE_SECONDS) if timed else None
+        prompt_ids(tokenizer, [{"role": "user", "content": "What is 1 + 1?"}])
+    except TimeoutError:
+        raise UserError(
+            f"tokenizer_path {tokenizer_path}: the chat template did not render one prompt in {TEMPLATE_SECONDS} s"
+        ) from None
+    except (TemplateError, ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise UserError(f"tokenizer_path {tokenizer_path}: the chat template fails ({first_line(exc)})") from None
+    finally:
+        if timed:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
 
 
 def has_optimizer_state(paths) -> bool:
@@ -103,6 +132,7 @@ class Engines:
                 "messages; use an instruct model's tokenizer or set tokenizer.chat_template and save it)"
             )
         check_vocabulary(tokenizer, path, self.config.load_from)
+        check_chat_template(tokenizer, path)
         return tokenizer
 
     @cached_property

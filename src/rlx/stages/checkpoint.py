@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rlx.artifacts import DiskFullError, atomic_dir, write_json
 from rlx.config import RLTrainerConfig
@@ -37,7 +39,8 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         return {"checkpoint/saved": 0}
     paths = engines.layout.step(step)
     if step == 0:
-        save_base(config, paths, engines.tokenizer)
+        with disk_full_reported(step, engines.layout):
+            save_base(config, paths, engines.tokenizer)
     elif config.resources.num_workers == 1:
         save_trainer(engines.trainer(step), step, engines)
         release_freed_memory()
@@ -55,12 +58,19 @@ def save_base(config: RLTrainerConfig, paths, tokenizer) -> None:
 
 
 def save_trainer(trainer, step: int, engines) -> None:
-    """The trainer's policy and optimizer state; a full disk is reported with what is still intact."""
+    """The trainer's policy and optimizer state."""
     paths = engines.layout.step(step)
-    try:
+    with disk_full_reported(step, engines.layout):
         trainer.save(paths.policy, paths.trainer_state, engines.tokenizer)
+
+
+@contextmanager
+def disk_full_reported(step: int, layout) -> Iterator[None]:
+    """A full disk while a checkpoint is written, reported with what is still intact."""
+    try:
+        yield
     except DiskFullError as exc:
-        previous = engines.layout.checkpoints(upto=step - 1)
+        previous = layout.checkpoints(upto=step - 1)
         intact = f"the previous checkpoint step-{previous[-1]} is intact" if previous else "no checkpoint was lost"
         raise DiskFullError(exc.path, f"{intact}: free some space and rerun to resume from it") from None
 

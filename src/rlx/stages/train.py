@@ -207,6 +207,11 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     the new weights' fingerprint (the weights themselves are the checkpoint stage's)."""
     if config.resources.num_workers > 1 and not distributed.launched():
         return distributed.launch_stage("train", config, step, engines.layout.step(step).dir)
+    missing = [
+        p.name for p in (engines.layout.step(step).rollouts, engines.layout.step(step).judged) if not p.is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(f"{engines.layout.step(step).dir}: no {' or '.join(missing)}")
     trainer = engines.trainer(step - 1)
     engines.make_room_for_training()
     metrics, numbers = update(config, step, engines, trainer)
