@@ -241,6 +241,8 @@ ROWS = [
         message="{d}/params.yaml: its aliases expand to more than 100,000 values; write the values out"),
     Row("params file too large", **show("seed: 1\n" + "#" * (1 << 20)),
         message="{d}/params.yaml: 1,048,584 bytes, more than a params file can be (1 MiB)"),
+    Row("int past 64 bits", ["config", "show", "{params}", "-S", "seed=100000000000000000000000"],
+        "{params}: invalid configuration: seed: must fit in 64 bits (below 2^63 in size); got 100000000000000000000000"),
     Row("infinite float", ["config", "show", "{params}", "-S", "train_worker_cfg.optim_cfg.lr=.inf"],
         "{params}: invalid configuration: train_worker_cfg.optim_cfg.lr: Input should be a finite number; got inf"),
     Row("wrong type in a column", [*PREPARE, *OWN_DATA],

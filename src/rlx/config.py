@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlx.errors import UserError
 
@@ -30,6 +30,14 @@ class Section(BaseModel):
     """Base of every config section: unknown keys are rejected, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _fits_in_64_bits(cls, value: Any) -> Any:
+        """Python ints are unbounded, the tensors, seeds and counters they end up in are not."""
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise ValueError("must fit in 64 bits (below 2^63 in size)")
+        return value
 
 
 # --------------------------------------------------------------------------------------------
