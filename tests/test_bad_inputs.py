@@ -75,6 +75,13 @@ def drop_chat_template(folder: Path) -> None:
     )
 
 
+def chat_template(text: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        (folder / "chat_template.jinja").write_text(text)
+
+    return edit
+
+
 def shrink_vocabulary(folder: Path) -> None:
     config_file = folder / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "vocab_size": 64}))
@@ -198,6 +205,16 @@ ROWS = [
         "tokenizer_path {d}/model: the tokenizer has no chat template (rlx renders prompts as chat messages; "
         "use an instruct model's tokenizer or set tokenizer.chat_template and save it)",
         setup=copy_model("model", drop_chat_template)),
+    Row("chat template the sandbox refuses", [*PREPARE, "-S", "tokenizer_path={d}/model"],
+        "tokenizer_path {d}/model: the chat template fails (access to attribute '__class__' of 'str' object is "
+        "unsafe.)", setup=copy_model("model", chat_template("{{ ''.__class__.__mro__ }}"))),
+    Row("chat template that never ends", [*PREPARE, "-S", "tokenizer_path={d}/model"],
+        "tokenizer_path {d}/model: the chat template did not render one prompt in 10 s",
+        setup=copy_model("model", chat_template(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"))),
+    Row("step's inputs missing", ["stage", "train", "{params}", "-S", "work_dir={d}/run"],
+        "stage train of step 1: an input is missing ({d}/run/step-1: no rollouts.parquet or judged.parquet); "
+        "run the stages before it first (`dvc repro` runs them in order)"),
     Row("tokenizer larger than the model's vocabulary", [*PREPARE, "-S", "load_from={d}/model"],
         "tokenizer_path {model}: the tokenizer has {vocab} tokens but the model in load_from {d}/model embeds "
         "only 64 (vocab_size); use the tokenizer the model was trained with",
@@ -210,6 +227,24 @@ ROWS = [
     Row("empty gold answer", [*PREPARE, *OWN_DATA],
         "{d}/rows.jsonl: row 1: empty 'reward_model.ground_truth' (the gold answer), got ''",
         files={"rows.jsonl": GOOD_ROW + GOOD_ROW.replace('"ground_truth": "4"', '"ground_truth": ""')}),
+    Row("gold answer as a list", [*PREPARE, *OWN_DATA],
+        "{d}/rows.jsonl: row 0: 'reward_model.ground_truth' must be the gold answer as a string (or a number), "
+        "got ['13']; write several answers as one string, e.g. '3, 5'",
+        files={"rows.jsonl": GOOD_ROW.replace('"ground_truth": "4"', '"ground_truth": ["13"]')}),
+    Row("unknown chat role", [*PREPARE, *OWN_DATA],
+        "{d}/rows.jsonl: row 0: 'prompt' has a message with role 'narrator'; chat roles are system, user, "
+        "assistant, tool", files={"rows.jsonl": GOOD_ROW.replace('"role": "user"', '"role": "narrator"')}),
+    Row("empty params file", **show(""),
+        message="{d}/params.yaml: the file is empty; write the fields to set (see `rlx config show`)"),
+    Row("aliases past the limit", **show("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{chr(98 + n)}: &{chr(98 + n)} [{', '.join([f'*{chr(97 + n)}'] * 10)}]\n" for n in range(5))),
+        message="{d}/params.yaml: its aliases expand to more than 100,000 values; write the values out"),
+    Row("params file too large", **show("seed: 1\n" + "#" * (1 << 20)),
+        message="{d}/params.yaml: 1,048,584 bytes, more than a params file can be (1 MiB)"),
+    Row("int past 64 bits", ["config", "show", "{params}", "-S", "seed=100000000000000000000000"],
+        "{params}: invalid configuration: seed: must fit in 64 bits (below 2^63 in size); got 100000000000000000000000"),
+    Row("infinite float", ["config", "show", "{params}", "-S", "train_worker_cfg.optim_cfg.lr=.inf"],
+        "{params}: invalid configuration: train_worker_cfg.optim_cfg.lr: Input should be a finite number; got inf"),
     Row("wrong type in a column", [*PREPARE, *OWN_DATA],
         "{d}/rows.jsonl: row 2: 'prompt' must be a non-empty list of {{role, content}} messages, got 'What is 2 + 2?'",
         files={"rows.jsonl": GOOD_ROW * 2 + GOOD_ROW.replace('[{"role": "user", "content": "What is 2 + 2?"}]',

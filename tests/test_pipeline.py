@@ -3,6 +3,7 @@ and W&B (offline). Each test works in its own copy of the project (a git + DVC r
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import signal
 import subprocess
@@ -55,7 +56,8 @@ def test_every_step_is_addressable_and_checkpoints_follow_retention(finished):
         assert len(rollouts) == len(judged) == 16
         assert all(len(r["rollout_logprobs"]) == r["response_len"] for r in rollouts)
         assert {r["finish_reason"] for r in rollouts} <= {"stop", "length"}
-        assert "train:" in paths.lock.read_text() and f"step-{step}/judged.parquet" in paths.lock.read_text()
+        lineage = gzip.decompress(paths.lock.read_bytes()).decode()
+        assert "train:" in lineage and f"step-{step}/judged.parquet" in lineage
         numbers = read_rows(paths.update)
         assert len(numbers) == 16 and [n["reward_used"] for n in numbers] == [j["reward"] for j in judged]
         assert {n["old_logprob_source"] for n in numbers} == {"loss forward"}
@@ -67,7 +69,9 @@ def test_every_step_is_addressable_and_checkpoints_follow_retention(finished):
     # done, and step 1 never wrote its weights.
     assert layout.checkpoints() == [0, 3]
     assert [n for n in range(4) if layout.step(n).policy.exists()] == [0, 3]
-    assert "step-2/policy" in layout.step(2).lock.read_text()  # recorded by DVC when it was the newest
+    assert (
+        "step-2/policy" in gzip.decompress(layout.step(2).lock.read_bytes()).decode()
+    )  # recorded by DVC when it was the newest
     assert sorted(p.name for p in (layout.work_dir / "hf").iterdir()) == ["step-3"]  # hf_max_keep=1
     assert read_json(layout.step(3).export_record)["exported"] is True
 

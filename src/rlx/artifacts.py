@@ -72,17 +72,23 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
-def write_text(text: str, path: Path) -> Path:
+def write_bytes(data: bytes, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     with _cleaned_on_failure(tmp, path):
-        tmp.write_text(text)
+        tmp.write_bytes(data)
     return _put_in_place(tmp, path)
 
 
-def write_json(data: Any, path: Path) -> Path:
-    return write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", path)
+def write_text(text: str, path: Path) -> Path:
+    return write_bytes(text.encode(), path)
+
+
+def write_json(data: Any, path: Path, indent: int | None = 2) -> Path:
+    """Sorted keys, so equal data gives equal bytes; ``indent=None`` for one compact line."""
+    separators = None if indent else (",", ":")
+    return write_text(json.dumps(data, indent=indent, sort_keys=True, separators=separators) + "\n", path)
 
 
 def copy_file(source: Path, path: Path) -> Path:

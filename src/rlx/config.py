@@ -42,7 +42,15 @@ def unsupported(default: Any, reason: str) -> Any:
 class Section(BaseModel):
     """Base of every config section: unknown keys are rejected, assignments are validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _fits_in_64_bits(cls, value: Any) -> Any:
+        """Python ints are unbounded, the tensors, seeds and counters they end up in are not."""
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise ValueError("must fit in 64 bits (below 2^63 in size)")
+        return value
 
     @field_validator("*")
     @classmethod
@@ -689,9 +697,26 @@ def duplicate_key(node: yaml.Node, path: str = "") -> str | None:
     return next((found for key, child in children if (found := duplicate_key(child, key))), None)
 
 
+MAX_PARAMS_BYTES = 1 << 20  # a params file is kilobytes; past this it is a mistake (or an attack)
+MAX_YAML_NODES = 100_000  # values a file may stand for once its aliases are expanded (billion laughs)
+
+
+def expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many nodes ``node`` stands for with every alias expanded, counted once per distinct node."""
+    if id(node) not in sizes:
+        sizes[id(node)] = 0  # a cycle counts as nothing more
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        sizes[id(node)] = min(MAX_YAML_NODES + 1, 1 + sum(expanded_size(child, sizes) for child in children))
+    return sizes[id(node)]
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, turning every way it can fail into a ConfigError."""
     try:
+        if Path(path).stat().st_size > MAX_PARAMS_BYTES:
+            raise ConfigError(f"{path}: {Path(path).stat().st_size:,} bytes, more than a params file can be (1 MiB)")
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
@@ -700,16 +725,23 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        duplicate = duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None and expanded_size(node, {}) > MAX_YAML_NODES:
+            raise ConfigError(
+                f"{path}: its aliases expand to more than {MAX_YAML_NODES:,} values; write the values out"
+            )
+        duplicate = duplicate_key(node) if node is not None else None
         tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', exc)})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a params file") from None
     if duplicate:
         raise ConfigError(f"{path}: duplicate key {duplicate}; keep one of them")
     if tree is None:
-        return {}
+        raise ConfigError(f"{path}: the file is empty; write the fields to set (see `rlx config show`)")
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: expected a mapping of fields at the top level, got a {type(tree).__name__}")
     return tree

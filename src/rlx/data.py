@@ -60,6 +60,9 @@ def read_file(path: Path) -> list[dict]:
     return [record for _, record in jsonl_records(path)]
 
 
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # what chat templates render
+
+
 def row_problem(row: object) -> str | None:
     """Why a row cannot be used (the column, and what it holds instead), or None when it is fine."""
     if not isinstance(row, dict):
@@ -78,12 +81,20 @@ def row_problem(row: object) -> str | None:
         )
     ):
         return f"'prompt' must be a non-empty list of {{role, content}} messages, got {short(prompt)}"
+    strange = next((m["role"] for m in prompt if m["role"] not in CHAT_ROLES), None)
+    if strange is not None:
+        return f"'prompt' has a message with role {strange!r}; chat roles are {', '.join(CHAT_ROLES)}"
     reward_model = row["reward_model"]
     if not isinstance(reward_model, dict):
         return f"'reward_model' must be an object with a 'ground_truth', got {short(reward_model)}"
     gold = reward_model.get("ground_truth")
     if gold is None or str(gold).strip() == "":
         return f"empty 'reward_model.ground_truth' (the gold answer), got {gold!r}"
+    if isinstance(gold, bool) or not isinstance(gold, str | int | float) or gold != gold:
+        return (
+            f"'reward_model.ground_truth' must be the gold answer as a string (or a number), got {short(gold)}; "
+            "write several answers as one string, e.g. '3, 5'"
+        )
     return None
 
 

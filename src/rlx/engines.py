@@ -8,6 +8,7 @@ is the very module step N+1 samples from, with no reload. Both paths run the sam
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from functools import cached_property
@@ -19,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from rlx import faults
 from rlx.artifacts import read_json
 from rlx.config import RLTrainerConfig
-from rlx.errors import UserError
+from rlx.errors import UserError, first_line
 from rlx.fingerprint import fingerprint, first_difference
 from rlx.layout import RunLayout
 from rlx.rollout import Sampler, TransformersSampler
@@ -50,10 +51,6 @@ def load_policy(path, dtype: str = "float32"):
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: cannot load the model ({first_line(exc)})") from None
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-
-
-def first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
@@ -101,6 +98,38 @@ def check_setup(config: RLTrainerConfig) -> None:
         )
 
 
+TEMPLATE_SECONDS = 10  # one prompt renders in milliseconds; a template still looping after this never ends
+
+
+def check_chat_template(tokenizer, tokenizer_path: Path) -> None:
+    """Render one prompt, within a time limit: a template that the Jinja sandbox refuses, that fails,
+    or that loops for ever is named here instead of failing (or hanging) on every prompt of the run."""
+    import signal
+
+    from jinja2 import TemplateError
+
+    from rlx.data import prompt_ids
+
+    def too_slow(*_):
+        raise TimeoutError
+
+    timed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGALRM, too_slow) if timed else None
+    try:
+        signal.alarm(TEMPLATE_SECONDS) if timed else None
+        prompt_ids(tokenizer, [{"role": "user", "content": "What is 1 + 1?"}])
+    except TimeoutError:
+        raise UserError(
+            f"tokenizer_path {tokenizer_path}: the chat template did not render one prompt in {TEMPLATE_SECONDS} s"
+        ) from None
+    except (TemplateError, ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise UserError(f"tokenizer_path {tokenizer_path}: the chat template fails ({first_line(exc)})") from None
+    finally:
+        if timed:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+
+
 def has_optimizer_state(paths) -> bool:
     """Whether a checkpoint can start a replay: step 0's optimizer state is the empty one."""
     return paths.dir.name == "step-0" or (paths.trainer_state / DEEPSPEED_TAG).is_dir()
@@ -135,6 +164,7 @@ class Engines:
                 "messages; use an instruct model's tokenizer or set tokenizer.chat_template and save it)"
             )
         check_vocabulary(tokenizer, path, self.config.load_from)
+        check_chat_template(tokenizer, path)
         return tokenizer
 
     @cached_property
@@ -181,7 +211,7 @@ class Engines:
         if config.backend == "transformers":
             return TransformersSampler(self.policy(step), self.tokenizer, config)
         if self._lmdeploy is None:
-            saved = [k for k in self.layout.checkpoints() if k <= step]
+            saved = self.layout.checkpoints(upto=step)
             folder = self.layout.step(saved[-1]).policy if saved else self.config.load_from
             self._lmdeploy, self._lmdeploy_step = self.sampler_at(folder), saved[-1] if saved else 0
         if self._lmdeploy_step != step:
@@ -222,7 +252,7 @@ class Engines:
     def replay_root(self, step: int) -> int:
         """The newest checkpoint at or before ``step`` that a replay can start from (it has the optimizer
         state; step 0's is the empty one)."""
-        roots = [k for k in self.layout.checkpoints() if k <= step and has_optimizer_state(self.layout.step(k))]
+        roots = [k for k in self.layout.checkpoints(upto=step) if has_optimizer_state(self.layout.step(k))]
         return roots[-1] if roots else 0  # the base model with a fresh optimizer, checkpoint 0 or not
 
     def load_checkpoint(self, step: int) -> PolicyTrainer:

@@ -23,10 +23,11 @@ _INTEGER_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 
 def row_sums(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's plain and column-weighted sum, exact, as int64."""
+    """Each row's plain and column-weighted sum, exact, as int64 (the weighted one a matrix-vector
+    product: no temporary the size of the rows, and exact in any order of summation)."""
     values = rows.to(torch.float64)
     columns = torch.arange(1, ROW + 1, dtype=torch.float64, device=rows.device)
-    return values.sum(dim=1).to(torch.int64), (values * columns).sum(dim=1).to(torch.int64)
+    return values.sum(dim=1).to(torch.int64), (values @ columns).to(torch.int64)
 
 
 def row_blocks(bits: torch.Tensor):

@@ -17,6 +17,7 @@ the run's seed, so the result equals an uninterrupted run, wherever the run was 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -31,13 +32,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlx import faults, worklock
+from rlx import faults, preflight, worklock
 from rlx.artifacts import read_json, remove_temporaries, write_json, write_text
 from rlx.config import RLTrainerConfig, RunPointer, load, to_yaml
 from rlx.engines import Engines, check_setup
 from rlx.errors import UserError
 from rlx.layout import ITERATION, RunLayout
-from rlx.record import edit_params, point_at_step, record_step, recorder, repair_dvc_lock
+from rlx.record import edit_params, point_at_step, record_step, recorded_md5, recorder, repair_dvc_lock
 from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
 from rlx.tracking import Tracker
@@ -60,10 +61,25 @@ def ensure_inputs(config: RLTrainerConfig) -> None:
     from dvc.cli import main as dvc_main
 
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    status = dvc_main(["repro", "--quiet", *targets])
+    with dvc_errors() as errors:
+        status = dvc_main(["repro", "--quiet", *targets])
     logging.getLogger("dvc").setLevel(logging.WARNING)  # DVC's CLI set its logger up for itself
     if status != 0:
-        raise UserError(f"bringing the run's inputs up to date failed (`dvc repro {' '.join(targets)}`)")
+        reason = f": {errors[0]}" if errors else ""
+        raise UserError(f"bringing the run's inputs up to date failed (`dvc repro {' '.join(targets)}`){reason}")
+
+
+@contextlib.contextmanager
+def dvc_errors():
+    """The first lines of the errors DVC logs meanwhile: its own words for why it failed."""
+    errors: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: errors.append(record.getMessage().strip().splitlines()[0])
+    logging.getLogger("dvc").addHandler(handler)
+    try:
+        yield errors
+    finally:
+        logging.getLogger("dvc").removeHandler(handler)
 
 
 def first_step_to_run(config: RLTrainerConfig, engines: Engines) -> int:
@@ -81,12 +97,39 @@ def first_step_to_run(config: RLTrainerConfig, engines: Engines) -> int:
     return done[-1] + 1 if all(damaged_output(name, last) is None for name in ITERATION) else done[-1]
 
 
+def steps_to_run(layout: RunLayout, start: int, total: int) -> tuple[list[int], set[int]]:
+    """The steps to run and, of them, those made again: a finished step whose folder was deleted (the
+    steps after it are kept: a step is deterministic in its inputs, so it comes back as it was, which
+    :func:`check_made_again` verifies) and then, if the run had finished, its last step (its record
+    points DVC back at the end of the run)."""
+    done = layout.completed_steps()
+    missing = [n for n in range(1, done[-1]) if n not in set(done)] if done else []
+    if missing:
+        log.warning("%s: step %s missing; making it again", layout.work_dir, ", ".join(map(str, missing)))
+    again = [*missing, *([done[-1]] if missing and start > total else [])]
+    return [*again, *range(start, total + 1)], set(again)
+
+
+def check_made_again(layout: RunLayout, step: int) -> None:
+    """A step made again must equal the one the next step was made from (its lineage has the hash)."""
+    lock = layout.step(step + 1).lock
+    if not lock.is_file():
+        return
+    fingerprint = layout.step(step).weights_fingerprint
+    expected = recorded_md5(lock, fingerprint)
+    if expected and expected != hashlib.md5(fingerprint.read_bytes()).hexdigest():
+        raise UserError(
+            f"step {step} was made again but differs from the step {step + 1} was made from (its {fingerprint.name}); "
+            "the run is not deterministic here (see README: Lineage); start it again in a new work_dir"
+        )
+
+
 def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
     """Once ``step`` is done: of the checkpoints up to it, keep checkpoint 0 (the base model, the root of
     any replay) and the newest ``checkpoint_maxkeep`` others; drop the older ones' weights. Under
     ``checkpoint_no_save_optimizer`` every one but the newest also loses its optimizer state (only the
     newest can resume the run). Later checkpoints, maybe still being written, are left alone."""
-    done = [k for k in layout.checkpoints() if k <= step]
+    done = layout.checkpoints(upto=step)
     later = [k for k in done if k > 0]
     keep = config.checkpoint_maxkeep
     for number in later[: max(0, len(later) - keep)] if keep > 0 else []:
@@ -158,7 +201,7 @@ def run_step(config: RLTrainerConfig, step: int, engines: Engines, checkpoints: 
 
 def newest_checkpoint(config: RLTrainerConfig, layout: RunLayout, step: int, total: int) -> int:
     """The checkpoint a step's DVC record points at: its own if due, else the newest before it."""
-    return step if is_due(config, step, total) else max(k for k in [0, *layout.checkpoints()] if k <= step)
+    return step if is_due(config, step, total) else max([0, *layout.checkpoints(upto=step)])
 
 
 def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Engines, console: Console) -> dict:
@@ -183,25 +226,49 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
     """Run (or resume) the run described by ``params``; returns each step's metrics.
 
     Paths in params.yaml are relative to its folder (as for `dvc repro`), so the run happens there.
+    Everything is checked before anything is written (rlx.preflight); a run refused while it sets up
+    leaves params.yaml as it was and removes the work_dir it created.
     """
     params = Path(params).resolve()
-    with contextlib.chdir(params.parent), worklock.hold(load(params, overrides).work_dir):
-        return fit_here(params, overrides, console or Console())
+    config = load(params, overrides)
+    with contextlib.chdir(params.parent), worklock.hold_repository(params.parent):
+        preflight.check(config)
+        existed = Path(config.work_dir).exists()
+        with worklock.hold_work_dir(config.work_dir):
+            with undone_if_refused(params, config.work_dir, existed):
+                config, engines, start = set_up(params, overrides)
+            return run_steps(config, params, engines, start, console or Console())
 
 
-def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]:
+@contextlib.contextmanager
+def undone_if_refused(params: Path, work_dir: Path, existed: bool):
+    """On a UserError inside: params.yaml back as it was, and the work_dir removed if this run made it."""
+    text = params.read_text()
+    try:
+        yield
+    except UserError:
+        if params.read_text() != text:
+            write_text(text, params)
+        if not existed:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
+
+
+def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, Engines, int]:
+    """params.yaml edited, the pipeline's inputs brought up to date, the step to start from found."""
     if overrides:
-        load(params, overrides)  # validate before touching the file
         edit_params(params, overrides)
     config = load(params)
     check_setup(config)
     repair_dvc_lock(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
     engines = Engines(config)
-    layout = engines.layout
-    total = engines.total_steps
-    remove_temporaries(layout.work_dir)
-    start = first_step_to_run(config, engines)
+    remove_temporaries(engines.layout.work_dir)
+    return config, engines, first_step_to_run(config, engines)
+
+
+def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: int, console: Console) -> list[dict]:
+    layout, total = engines.layout, engines.total_steps
     if config.debug_rollout:
         return [debug_rollout(config, params, start, engines, console)]
     layout.work_dir.mkdir(parents=True, exist_ok=True)
@@ -234,21 +301,25 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
                 metrics["time/dvc"] = time.perf_counter() - waited  # what the step waited for DVC
                 metrics["time/step"] += metrics["time/dvc"]
                 metrics.update(read_json(layout.step(step).metrics("checkpoint")))
-                tracker.log(step, metrics)
+                if step in again:
+                    check_made_again(layout, step)
+                else:
+                    tracker.log(step, metrics)
                 write_json(metrics, layout.step(step).done)
                 faults.point("step.prune")
                 prune_checkpoints(config, layout, step)
                 history.append(metrics)
-                progress.update(task, advance=1, description=describe(metrics))
+                progress.update(task, advance=0 if step in again else 1, description=describe(metrics))
 
             # DVC records step N in the background while the next steps run (behind N's checkpoint, if it
             # writes one; a checkpoint's hash can outlast a step); a step counts as done (done.json) only
             # once recorded, so a run killed before that re-records it on resume.
             checkpoints = BackgroundCheckpoints(config, engines)
+            steps, again = steps_to_run(layout, start, total)
             try:
                 with recorder() as dvc:
                     unrecorded: deque = deque()  # (step, metrics, its record), oldest first
-                    for step in range(start, total + 1):
+                    for step in steps:
                         started = time.perf_counter()
                         metrics = run_step(config, step, engines, checkpoints)
                         metrics["time/step"] = time.perf_counter() - started

@@ -16,7 +16,7 @@
   step-N/export.json              export: where the HF export went (every hf_interval and at the end)
   step-N/<stage>_metrics.json     what each stage measured, its wall time included (written last)
   step-N/<stage>_outputs.json     size and sha256 of each file the stage wrote, checked on resume
-  step-N/dvc.lock                 the DVC lock of the step: its lineage, kept after the step
+  step-N/dvc.lock.gz              the DVC lock of the step (gzip): its lineage, kept after the step
   step-N/done.json                written last: the step is complete
   curves/train.csv, curves/eval.csv   one row per step, for `dvc plots show`
   hf/step-N/                      HF exports (hf_max_keep retention)
@@ -53,7 +53,7 @@ class StepPaths:
     trainer_state = _file("trainer_state")
     eval_samples = _file("eval_samples.parquet")
     export_record = _file("export.json")
-    lock = _file("dvc.lock")
+    lock = _file("dvc.lock.gz")
     done = _file("done.json")
 
     def metrics(self, stage: str) -> Path:
@@ -81,13 +81,13 @@ class RunLayout:
         """Steps whose ``done.json`` exists, in order."""
         return self.steps_with("done.json")
 
-    def checkpoints(self) -> list[int]:
-        """Steps holding a finished checkpoint, in order: its stage's metrics (written last) say it saved,
-        and every file it recorded is there at its size (retention prunes old ones; a damaged one is
-        not a checkpoint until its stage has written it again)."""
+    def checkpoints(self, upto: int | None = None) -> list[int]:
+        """Steps holding a finished checkpoint (at or before ``upto``), in order: its stage's metrics
+        (written last) say it saved, and every file it recorded is there at its size (retention prunes
+        old ones; a damaged one is not a checkpoint until its stage has written it again)."""
         folders = Path(self.work_dir).glob("step-*/policy/config.json")  # only steps that wrote weights
         steps = sorted(int(path.parents[1].name.removeprefix("step-")) for path in folders)
-        return [step for step in steps if self.holds_checkpoint(step)]
+        return [step for step in steps if (upto is None or step <= upto) and self.holds_checkpoint(step)]
 
     def holds_checkpoint(self, step: int) -> bool:
         paths = self.step(step)

@@ -2,14 +2,16 @@
 
 A step is recorded by pointing params.yaml at it and committing the iteration's stages, so dvc.lock
 holds exactly what ``dvc repro`` would have left; a copy of that lock stays in the step's folder as
-its lineage. Recording is DVC's Python (YAML parsing, hashing, the lock rewrite): on a small machine
-it would compete with generation for the interpreter and the cores, so it runs in a process of its
-own at the lowest CPU priority, filling the gaps that generation and training leave.
+its lineage (gzip: a step's lock is mostly hashes and paths it shares with the others). Recording is
+DVC's Python (YAML parsing, hashing, the lock rewrite): on a small machine it would compete with
+generation for the interpreter and the cores, so it runs in a process of its own at the lowest CPU
+priority, filling the gaps that generation and training leave.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gzip
 import json
 import logging
 import multiprocessing
@@ -24,7 +26,7 @@ import yaml
 from ruamel.yaml import YAML
 
 from rlx import faults
-from rlx.artifacts import copy_file, write_text
+from rlx.artifacts import write_bytes, write_text
 from rlx.config import apply_override
 from rlx.errors import UserError
 from rlx.layout import STAGES, RunLayout
@@ -102,9 +104,20 @@ def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> 
     point_at_step(params, step, checkpoint)
     new_checkpoint = recorded_checkpoint(params.parent) != checkpoint
     dvc_commit(params.parent, [name for name in STAGES if new_checkpoint or name != "checkpoint"])
-    copy_file(params.parent / "dvc.lock", layout.step(step).lock)
+    write_bytes(gzip.compress((params.parent / "dvc.lock").read_bytes(), mtime=0), layout.step(step).lock)
     faults.point("step.commit")
     return time.perf_counter() - started
+
+
+def recorded_md5(lock: Path, path: Path) -> str | None:
+    """The md5 a step's lock copy (gzip) recorded for ``path`` as a dependency of any stage, or None."""
+    stages = yaml.load(gzip.decompress(lock.read_bytes()), Loader=yaml.CSafeLoader).get("stages", {})
+    wanted = Path(path).as_posix()
+    for stage in stages.values():
+        for dep in stage.get("deps", []):
+            if Path(dep["path"]).as_posix() == wanted or Path(dep["path"]).resolve() == Path(path).resolve():
+                return dep.get("md5")
+    return None
 
 
 def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
@@ -122,11 +135,11 @@ def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
         return
     except (yaml.YAMLError, Invalid):
         pass
-    recorded = layout.steps_with("dvc.lock")
+    recorded = layout.steps_with(layout.step(0).lock.name)
     if not recorded:
         raise UserError(f"{lock} is unreadable (a run killed while DVC wrote it?) and no recorded step kept a copy")
     log.warning("%s is unreadable (a run killed while DVC wrote it?); restored from step %d", lock, recorded[-1])
-    copy_file(layout.step(recorded[-1]).lock, lock)
+    write_bytes(gzip.decompress(layout.step(recorded[-1]).lock.read_bytes()), lock)
 
 
 def make_room_for_the_recorder() -> None:

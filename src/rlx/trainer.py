@@ -91,6 +91,12 @@ def deepspeed_config(cfg: WorkerConfig) -> dict:
     }
 
 
+def nonfinite_parameter(module) -> str | None:
+    """The first parameter holding a NaN or an infinity (an update with finite gradients can still
+    overflow the weights, e.g. at a huge learning rate), or None."""
+    return next((name for name, p in module.named_parameters() if not bool(torch.isfinite(p).all())), None)
+
+
 def gradients_finite(module) -> bool:
     return all(bool(torch.isfinite(p.grad).all()) for p in module.parameters() if p.grad is not None)
 

@@ -254,13 +254,20 @@ def machine() -> dict:
 
 
 def write_results(measured: dict, command: str) -> None:
-    results = {
+    """Merge this session's measurements into results.json: a session that runs one benchmark keeps
+    the others' figures, and ``sessions`` says which session (date, command, machine) measured what."""
+    saved = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    session = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
         "machine": machine(),
-        "figures": figures(measured),
-        "measured": measured,
     }
+    sessions = [s for s in saved.get("sessions", []) if not set(s["measured"]) <= set(measured)]
+    for earlier in sessions:
+        earlier["measured"] = [name for name in earlier["measured"] if name not in measured]
+    sessions.append({**session, "measured": sorted(measured)})
+    all_measured = {**saved.get("measured", {}), **measured}
+    results = {"sessions": sessions, "figures": figures(all_measured), "measured": all_measured}
     tmp = RESULTS.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=1) + "\n")
     tmp.replace(RESULTS)
@@ -273,12 +280,20 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
+def provenance(session: dict) -> str:
+    m = session["machine"]
+    return (
+        f"{', '.join(sorted({name.split('/')[0] for name in session['measured']}))}: measured "
+        f"{session['date'][:10]} on {m['cpu']} ({m['cores']} cores, load average {m['load_average_at_start'][0]:.1f} "
+        f"at the start), torch {m['torch']}, transformers {m['transformers']}, DeepSpeed {m['deepspeed']}, "
+        f"TRL {m['trl']} (`{session['command']}`)."
+    )
+
+
 def table(results: dict) -> str:
-    f, m = results["figures"], results["machine"]
+    f = results["figures"]
     lines = [
-        f"Measured {results['date'][:10]} on {m['cpu']} ({m['cores']} cores, load average "
-        f"{m['load_average_at_start'][0]:.1f} at the start), torch {m['torch']}, transformers {m['transformers']}, "
-        f"DeepSpeed {m['deepspeed']}, TRL {m['trl']}; `make bench` ({results['command']}).",
+        *(f"- {provenance(session)}" for session in results["sessions"]),
         "",
         "| Measure | rlx | Reference | rlx / reference | Target |",
         "|---|---|---|---|---|",

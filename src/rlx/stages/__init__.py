@@ -22,6 +22,7 @@ import torch
 from rlx import faults
 from rlx.artifacts import read_json, write_json
 from rlx.config import RLTrainerConfig
+from rlx.errors import UserError, first_line
 from rlx.layout import STAGES
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,13 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines) -> dict:
     if getattr(stage, "draws_random_numbers", True):  # not from a background thread, whose RNGs are the run's
         reseed(config, name, step)
     started = time.perf_counter()
-    metrics = stage.run(config, step, engines)
+    try:
+        metrics = stage.run(config, step, engines)
+    except FileNotFoundError as exc:  # e.g. `rlx stage train` before the step's rollouts exist
+        raise UserError(
+            f"stage {name} of step {step}: an input is missing ({first_line(exc)}); run the stages before it "
+            "first (`dvc repro` runs them in order)"
+        ) from None
     metrics[f"time/{name}"] = time.perf_counter() - started
     paths = engines.layout.step(step)
     faults.point(f"{name}.metrics")

@@ -16,7 +16,7 @@ from rlx.stages import evaluate
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    write_json(fingerprint(load_policy(config.load_from)), engines.layout.step(0).weights_fingerprint)
+    write_json(fingerprint(load_policy(config.load_from)), engines.layout.step(0).weights_fingerprint, indent=None)
     return evaluate.run(config, 0, engines)
 
 

@@ -33,7 +33,7 @@ from rlx.errors import UserError
 from rlx.fingerprint import first_difference
 from rlx.stages.checkpoint import save_trainer
 from rlx.stages.curves import write_curve
-from rlx.trainer import TokenBatch, token_logprobs
+from rlx.trainer import TokenBatch, nonfinite_parameter, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +207,15 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     the new weights' fingerprint (the weights themselves are the checkpoint stage's)."""
     if config.resources.num_workers > 1 and not distributed.launched():
         return distributed.launch_stage("train", config, step, engines.layout.step(step).dir)
+    missing = [
+        p.name for p in (engines.layout.step(step).rollouts, engines.layout.step(step).judged) if not p.is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(f"{engines.layout.step(step).dir}: no {' or '.join(missing)}")
     trainer = engines.trainer(step - 1)
     engines.make_room_for_training()
     metrics, numbers = update(config, step, engines, trainer)
+    check_weights(config, step, trainer)
     started = time.perf_counter()
     weights = trainer.fingerprint()
     metrics["time/fingerprint"] = time.perf_counter() - started
@@ -218,7 +224,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     if distributed.is_main():
         write_rows(numbers, paths.update, schema=UPDATE_SCHEMA)
-        write_json(weights, paths.weights_fingerprint)
+        write_json(weights, paths.weights_fingerprint, indent=None)
     if distributed.launched():
         save_trainer(trainer, step, engines)  # the ranks end with this step: the next ones start from the files
     return metrics
@@ -403,6 +409,17 @@ def check_nonfinite(config: RLTrainerConfig, step: int, number: int, loss: float
             f"train_worker_cfg.max_consecutive_nonfinite={limit}; nothing of step {step} was recorded, step "
             f"{step - 1} is the last good one. Check the rewards (judge/errors) or lower "
             "train_worker_cfg.optim_cfg.lr, then rerun"
+        )
+
+
+def check_weights(config: RLTrainerConfig, step: int, trainer) -> None:
+    """Stop before a policy with non-finite weights is recorded: the next rollout could not sample from it."""
+    bad = nonfinite_parameter(trainer.module)
+    if bad:
+        raise UserError(
+            f"train: step {step}'s update left non-finite weights (parameter {bad}); nothing of step {step} was "
+            f"recorded, step {step - 1} is the last good one. Lower train_worker_cfg.optim_cfg.lr "
+            f"(now {config.train_worker_cfg.optim_cfg.lr}), then rerun"
         )
 
 
