@@ -84,7 +84,7 @@ def test_a_configuration_changed_since_the_run_started_is_refused(finished, tmp_
         "train_worker_cfg.optim_cfg.lr: 0.0001 -> 0.0002; put the recorded values back to resume it, or start a "
         "new run in another work_dir"
     ) in error
-    edit_params(project / "params.yaml", ["train_worker_cfg.optim_cfg.lr=1e-4"])
+    edit_params(project / "params.yaml", ["train_worker_cfg.optim_cfg.lr=1.0e-4"])
     params = (project / "params.yaml").read_bytes()
     error = one_line_error(fit(project, "dataflow_config.sample_params.temperature=0.5"))
     assert "dataflow_config.sample_params.temperature: 1.0 -> 0.5" in error

@@ -35,7 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlx import faults, preflight, worklock
 from rlx.artifacts import read_json, remove_temporaries, write_json, write_text
 from rlx.config import RLTrainerConfig, RunPointer, load, to_yaml
-from rlx.engines import Engines, check_setup
+from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.layout import ITERATION, RunLayout
 from rlx.record import edit_params, point_at_step, record_step, recorded_md5, recorder, repair_dvc_lock
@@ -100,13 +100,13 @@ def first_step_to_run(config: RLTrainerConfig, engines: Engines) -> int:
 def steps_to_run(layout: RunLayout, start: int, total: int) -> tuple[list[int], set[int]]:
     """The steps to run and, of them, those made again: a finished step whose folder was deleted (the
     steps after it are kept: a step is deterministic in its inputs, so it comes back as it was, which
-    :func:`check_made_again` verifies) and then, if the run had finished, its last step (its record
-    points DVC back at the end of the run)."""
+    :func:`check_made_again` verifies) and then, if the run had finished, its last step, recorded
+    again: DVC's record points at the end of the run, with what params.yaml says now)."""
     done = layout.completed_steps()
     missing = [n for n in range(1, done[-1]) if n not in set(done)] if done else []
     if missing:
         log.warning("%s: step %s missing; making it again", layout.work_dir, ", ".join(map(str, missing)))
-    again = [*missing, *([done[-1]] if missing and start > total else [])]
+    again = [*missing, *([done[-1]] if done and start > total else [])]
     return [*again, *range(start, total + 1)], set(again)
 
 
@@ -259,7 +259,6 @@ def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, Engines
     if overrides:
         edit_params(params, overrides)
     config = load(params)
-    check_setup(config)
     repair_dvc_lock(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
     engines = Engines(config)

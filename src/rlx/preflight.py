@@ -1,9 +1,10 @@
 """What `rlx fit` checks before it writes anything: a run refused for a bad input leaves params.yaml,
 the work_dir and the DVC record as they were.
 
-Three kinds of check: the inputs the run reads but does not make (datasets, model, tokenizer) are
-readable; the run's folder overlaps no other stage's output; and a resumed run still has the
-configuration its steps were made with (a step's record must say what it used).
+Besides what this machine and backend can act on (``engines.check_setup``), three kinds of check:
+the inputs the run reads but does not make (datasets, model, tokenizer) are readable; the run's
+folder overlaps no other stage's output; and a resumed run still has the configuration its steps
+were made with (a step's record must say what it used).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ CONVERTED_SETS = [Path("data/gsm8k/train.parquet"), Path("data/gsm8k/test.parque
 
 
 def check(config: RLTrainerConfig) -> None:
+    from rlx.engines import check_setup
+
+    check_setup(config)
     check_overlaps(config)
     check_inputs(config)
     check_unchanged(config, RunLayout(config.work_dir))
