@@ -11,19 +11,46 @@ names the field path, the bad value and what was expected.
 from __future__ import annotations
 
 import importlib.util
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rlx.algo import registry
 from rlx.errors import UserError
-
-GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "pass_at_k"}
 
 
 class ConfigError(UserError):
     """The configuration file or an override is invalid."""
+
+
+def _registered(kind: str, name: str) -> str:
+    known = registry.names(kind)  # the first call imports the algorithm modules (and torch)
+    if name not in known:
+        quoted = [repr(option) for option in known]
+        listed = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+        raise ValueError(f"Input should be a registered {registry.KINDS[kind]}: {listed}")
+    return name
+
+
+def _list_registered(kind: str, schema: dict[str, Any]) -> None:
+    schema["enum"] = registry.names(kind)
+
+
+def registered(kind: str) -> Any:
+    """The type of a field that names an algorithm of ``kind`` in :mod:`rlx.algo.registry`: the names
+    are spelled once, where their functions are registered, and the schema lists them."""
+    return Annotated[
+        str, AfterValidator(partial(_registered, kind)), Field(json_schema_extra=partial(_list_registered, kind))
+    ]
+
+
+AdvantageName = registered("advantage")
+PolicyLossName = registered("policy_loss")
+KLName = registered("kl")
+LossAggName = registered("loss_agg")
 
 
 class Section(BaseModel):
@@ -233,7 +260,7 @@ class LRConfig(Section):
 class PolicyLossConfig(Section):
     """The policy-gradient surrogate (XTuner ``policy_loss_cfg``)."""
 
-    loss_type: Literal["vanilla", "gspo", "cispo"] = Field(
+    loss_type: PolicyLossName = Field(
         "vanilla", description="vanilla: PPO clip; gspo: sequence ratio (GSPO); cispo: clipped IS weight (CISPO)."
     )
     cliprange_low: float = Field(0.2, ge=0)
@@ -257,12 +284,10 @@ class LossConfig(Section):
     """The RL loss (XTuner ``GRPOLossConfig``)."""
 
     policy_loss_cfg: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
-        "token-mean"
-    )
+    loss_agg_mode: LossAggName = "token-mean"
     use_kl_loss: bool = False
     kl_loss_coef: float = Field(0.001, ge=0)
-    kl_loss_type: Literal["k1", "k2", "k3", "abs"] = "k3"
+    kl_loss_type: KLName = "k3"
     entropy_coef: float = Field(0.0, ge=0, description="rlx addition: entropy bonus.")
     mask_truncated: bool = Field(False, description="Leave responses cut at max_tokens out of the loss (DAPO).")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
@@ -328,13 +353,11 @@ class KLControlConfig(Section):
 class AdvantageEstimatorConfig(Section):
     """How rewards become advantages."""
 
-    type: Literal[
-        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "pass_at_k"
-    ] = "grpo"
+    type: AdvantageName = "grpo"
     eps: float = Field(1e-6, gt=0, description="Added to the std before dividing (grpo, reinforce_plus_plus*).")
     k: int = Field(4, ge=1, description="The k of pass_at_k.")
     use_kl_in_reward: bool = Field(False, description="Subtract kl_ctrl.kl_coef x the response's KL from its reward.")
-    kl_penalty: Literal["k1", "k2", "k3", "abs"] = "k1"
+    kl_penalty: KLName = "k1"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
 
 
@@ -441,7 +464,7 @@ class RLTrainerConfig(Section):
                 "at temperature 1.0 with backend 'lmdeploy' (or use backend 'transformers')"
             )
         estimator, group_size = self.advantage_estimator_config.type, self.dataflow_config.prompt_repeat_k
-        if estimator in GROUP_ESTIMATORS and group_size < 2:
+        if estimator in registry.names("advantage", groups=True) and group_size < 2:
             raise ValueError(
                 f"advantage_estimator_config.type {estimator!r} compares responses within a group: "
                 f"dataflow_config.prompt_repeat_k must be at least 2, got {group_size}"
