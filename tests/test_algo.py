@@ -398,3 +398,13 @@ def test_token_mean_over_any_split_equals_the_whole_batch(shape, kind, cut):
         if logp[s].shape[0]
     ]
     assert sum(parts).item() == pytest.approx(whole.item(), rel=1e-9, abs=1e-12)
+
+
+def test_a_run_with_one_update_per_step_is_told_its_clip_cannot_act():
+    from rlx.config import load
+    from rlx.stages.train import clip_cannot_act
+
+    message = clip_cannot_act(load(None, ["train_worker_cfg.loss_cfg.policy_loss_cfg.cliprange_high=0.28"]))
+    assert message.startswith("train_worker_cfg.optimizer_steps is 1: every update is on-policy")
+    assert "(cliprange_low 0.2, cliprange_high 0.28, clip_ratio_c 3.0) cannot act" in message
+    assert clip_cannot_act(load(None, ["train_worker_cfg.optimizer_steps=2"])) is None

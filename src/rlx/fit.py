@@ -40,6 +40,7 @@ from rlx.layout import ITERATION, RunLayout
 from rlx.record import edit_params, point_at_step, record_step, recorder, repair_dvc_lock
 from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
+from rlx.stages.train import clip_cannot_act
 from rlx.tracking import Tracker
 from rlx.trainer import DEEPSPEED_TAG
 
@@ -196,6 +197,8 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
     config = load(params)
     repair_dvc_lock(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
+    if reason := clip_cannot_act(config):
+        log.warning(reason)
     engines = Engines(config)
     layout = engines.layout
     total = engines.total_steps

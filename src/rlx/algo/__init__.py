@@ -5,6 +5,6 @@
 - :mod:`rlx.algo.kl` — KL estimators against a reference policy
 - :mod:`rlx.algo.registry` — the name table of each kind: where a name is spelled, once
 
-This package imports nothing heavy, so the config can read the registry's names without torch
-until it validates.
+Importing this package or its registry loads no torch (the config imports the registry); the
+algorithm modules, and torch with them, load at the registry's first lookup.
 """
