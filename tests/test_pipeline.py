@@ -151,8 +151,9 @@ def test_each_algorithm_preset_trains_the_demo(preset, tmp_path, tiny_model):
         assert metrics["train/clipfrac"] == pytest.approx(sum(parts))  # the three never overlap
         if config.train_worker_cfg.optimizer_steps == 1:  # on-policy: the ratio is 1, no clip can act
             assert metrics["train/ratio_mean"] == pytest.approx(1.0) and metrics["train/clipfrac"] == 0
-        elif sets_upper_clip:  # later mini-batches see a policy that moved: the preset's upper bound acts
-            assert metrics["train/clipfrac_high"] > 0
+    if sets_upper_clip and config.train_worker_cfg.optimizer_steps > 1:
+        # later mini-batches see a policy that moved: the preset's upper bound acts during the run
+        assert max(metrics["train/clipfrac_high"] for metrics in history) > 0
     if config.train_worker_cfg.loss_cfg.use_kl_loss:  # step 1 starts at the reference, step 2 has moved off it
         assert history[0]["train/kl"] == pytest.approx(0.0, abs=1e-6) and history[1]["train/kl"] > 0
     if config.advantage_estimator_config.use_kl_in_reward:
