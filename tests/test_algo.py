@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
 
-from rlx.algo import advantages, kl
+from rlx.algo import advantages, kl, registry
 from rlx.algo.losses import aggregate, policy_loss
+from rlx.config import ConfigError
 from rlx.stages.train import micro_batches
 from rlx.trainer import TokenBatch, lr_factor
 
@@ -30,12 +32,69 @@ def test_clipped_loss_by_hand():
     old = torch.zeros(1, 3)
     mask = torch.ones(1, 3)
     loss, metrics = policy_loss(logp, old, torch.tensor([1.0]), mask, cliprange_low=0.2, cliprange_high=0.2)
-    # A = 1: max(-r, -clip(r)) = -1.2 (clipped), -0.5, -1.0; mean = -0.9
+    # A = 1: max(-r, -clip(r)) = -1.2 (clipped at 1 + high), -0.5, -1.0; mean = -0.9
     assert loss.item() == pytest.approx(-0.9)
-    assert metrics["clipfrac"].item() == pytest.approx(1 / 3)
-    loss, _ = policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_ratio_c=3.0)
-    # A = -1: max(r, clip(r)) = 1.5, 0.8, 1.0; dual clip min(., 3) leaves them; mean = 1.1
+    assert [metrics[f"clipfrac{part}"].item() for part in ("", "_low", "_high", "_dual")] == pytest.approx(
+        [1 / 3, 0, 1 / 3, 0]
+    )
+    loss, metrics = policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_ratio_c=3.0)
+    # A = -1: max(r, clip(r)) = 1.5, 0.8 (clipped at 1 - low), 1.0; dual clip min(., 3) leaves them; mean = 1.1
     assert loss.item() == pytest.approx(1.1)
+    assert [metrics[f"clipfrac{part}"].item() for part in ("", "_low", "_high", "_dual")] == pytest.approx(
+        [1 / 3, 1 / 3, 0, 0]
+    )
+
+
+RATIOS = torch.tensor([[1.2, 1.4, 0.85], [0.85, 1.2, 4.0]])  # against old logp 0; row 0 A = +1, row 1 A = -1
+
+
+@pytest.mark.parametrize(("low", "high", "expected"), [
+    # A = +1: -1.2, -1.3 (upper clip), -0.85; A = -1: 0.9 (lower clip), 1.2, min(4, 3) = 3 (dual clip)
+    (0.1, 0.3, {"loss": 1.75 / 6, "clipfrac": 3 / 6, "clipfrac_low": 1 / 6, "clipfrac_high": 1 / 6, "clipfrac_dual": 1 / 6}),
+    # swapped: A = +1: -1.1, -1.1 (both at the upper clip), -0.85; A = -1: 0.85, 1.2, 3 (dual clip)
+    (0.3, 0.1, {"loss": 2.0 / 6, "clipfrac": 3 / 6, "clipfrac_low": 0, "clipfrac_high": 2 / 6, "clipfrac_dual": 1 / 6}),
+])  # fmt: skip
+def test_vanilla_asymmetric_bounds_act_on_their_own_side(low, high, expected):
+    loss, metrics = policy_loss(
+        RATIOS.log(), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.ones(2, 3),
+        cliprange_low=low, cliprange_high=high, clip_ratio_c=3.0,
+    )  # fmt: skip
+    assert {"loss": loss.item(), **{name: metrics[name].item() for name in expected if name != "loss"}} == (
+        pytest.approx(expected)
+    )
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "expected"),
+    [
+        (0.1, 0.3, (-0.15, 0.5, 0.0)),  # A = +1: s = 1.2 inside; A = -1: s = 0.85 clipped to 0.9
+        (0.3, 0.1, (-0.125, 0.0, 0.5)),  # A = +1: s = 1.2 clipped to 1.1; A = -1: s = 0.85 inside
+    ],
+)
+def test_gspo_asymmetric_bounds_act_on_the_sequence_ratio(low, high, expected):
+    logp = torch.log(torch.tensor([[1.2, 1.2], [0.85, 0.85]]))
+    loss, metrics = policy_loss(
+        logp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.ones(2, 2), kind="gspo",
+        cliprange_low=low, cliprange_high=high, loss_agg_mode="seq-mean-token-mean",
+    )  # fmt: skip
+    got = (loss.item(), metrics["clipfrac_low"].item(), metrics["clipfrac_high"].item())
+    assert got == pytest.approx(expected)
+    assert metrics["clipfrac_dual"].item() == 0
+
+
+@pytest.mark.parametrize(("low", "high", "weights", "fractions"), [
+    (0.1, 0.3, [1.2, 0.9], (0.0, 0.5)),  # ratio 0.85 truncated to 0.9 at the lower bound
+    (0.3, 0.1, [1.1, 0.85], (0.5, 0.0)),  # ratio 1.2 truncated to 1.1 at the upper bound
+])  # fmt: skip
+def test_cispo_asymmetric_bounds_truncate_the_weight_on_their_own_side(low, high, weights, fractions):
+    logp = torch.log(torch.tensor([[1.2, 0.85]])).requires_grad_()
+    loss, metrics = policy_loss(
+        logp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), kind="cispo",
+        cliprange_low=low, cliprange_high=high,
+    )  # fmt: skip
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-weights[0] / 2, -weights[1] / 2])
+    assert (metrics["clipfrac_high"].item(), metrics["clipfrac_low"].item()) == pytest.approx(fractions)
 
 
 def test_token_mean_over_micro_batches_equals_the_full_batch():
@@ -111,12 +170,11 @@ def test_opo_uses_a_length_weighted_baseline():
 
 def test_reinforce_plus_plus_whitens_over_valid_tokens():
     out = advantages.reinforce_plus_plus(REWARDS, 4, mask=MASK, eps=0.0)
-    lengths = MASK.sum(-1)
-    tokens = lengths.repeat_interleave(lengths.long())
-    values = REWARDS.repeat_interleave(lengths.long())
-    assert torch.allclose(out, (REWARDS - values.mean()) / values.std())
-    assert tokens.numel() == int(MASK.sum())
-    assert (out * lengths).sum().abs() < 1e-5  # token-weighted mean is zero
+    # every valid token carries its response's reward: lengths 2, 4, 1, 2, 2, 4, 1, 2
+    per_token = [1, 1] + [0] * 4 + [0] + [0, 0] + [1] * 9
+    mean, std = statistics.mean(per_token), statistics.stdev(per_token)
+    assert mean == pytest.approx(11 / 18)
+    assert out.tolist() == pytest.approx([(r - mean) / std for r in REWARDS.tolist()], rel=1e-6)
 
 
 def test_reinforce_plus_plus_baseline_centres_groups_then_whitens():
@@ -137,15 +195,38 @@ def test_pass_at_k_matches_the_closed_form():
     assert torch.equal(out[4:], torch.zeros(4))
 
 
-@pytest.mark.parametrize("name", sorted(advantages.ESTIMATORS))
-def test_group_estimators_refuse_singletons_and_zero_variance_gives_zero(name):
+@pytest.mark.parametrize("name", registry.names("advantage"))
+def test_zero_variance_groups_get_zero_and_only_group_estimators_refuse_singletons(name):
     flat = torch.ones(8)
-    assert (
-        torch.equal(advantages.compute(name, flat, 4, mask=MASK)[4:], torch.zeros(4)) or name == "reinforce_plus_plus"
-    )
-    if name != "reinforce_plus_plus":
+    assert torch.equal(advantages.compute(name, flat, 4, mask=MASK), torch.zeros(8))
+    if name in registry.names("advantage", groups=True):
         with pytest.raises(ValueError, match="group_size must be at least 2"):
             advantages.compute(name, flat, 1, mask=MASK)
+    else:  # batch-whitened, no groups: a group of one is a batch like another
+        assert advantages.compute(name, REWARDS, 1, mask=MASK).tolist() == pytest.approx(
+            advantages.compute(name, REWARDS, 4, mask=MASK).tolist()
+        )
+
+
+def test_the_config_accepts_exactly_the_registered_names(monkeypatch):
+    from rlx import config
+
+    for kind in registry.KINDS:
+        monkeypatch.setitem(registry._TABLES, kind, dict(registry._TABLES[kind]))  # undone after the test
+    with pytest.raises(ConfigError, match="advantage_estimator_config.type: Input should be a registered advantage"):
+        config.load(None, ["advantage_estimator_config.type=halved"])
+
+    @registry.register("advantage", "halved")
+    def halved(rewards, group_size, **_):
+        return rewards / 2
+
+    assert config.load(None, ["advantage_estimator_config.type=halved"]).advantage_estimator_config.type == "halved"
+    assert advantages.compute("halved", torch.tensor([1.0, 3.0]), 2).tolist() == [0.5, 1.5]
+    assert "halved" in config.json_schema()["$defs"]["AdvantageEstimatorConfig"]["properties"]["type"]["enum"]
+    with pytest.raises(ValueError, match="advantage estimator 'halved' is registered twice"):
+        registry.register("advantage", "halved")(halved)
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo2'; registered: vanilla, gspo, cispo"):
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), kind="ppo2")
 
 
 # ---- losses -------------------------------------------------------------------------------
@@ -178,7 +259,7 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens():
     )
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-1.28 / 2, -1.0 / 2]]))
-    assert metrics["clipfrac"].item() == pytest.approx(0.5)
+    assert (metrics["clipfrac"].item(), metrics["clipfrac_high"].item()) == pytest.approx((0.5, 0.5))
 
 
 def test_extreme_log_ratios_stay_finite():
@@ -317,3 +398,13 @@ def test_token_mean_over_any_split_equals_the_whole_batch(shape, kind, cut):
         if logp[s].shape[0]
     ]
     assert sum(parts).item() == pytest.approx(whole.item(), rel=1e-9, abs=1e-12)
+
+
+def test_a_run_with_one_update_per_step_is_told_its_clip_cannot_act():
+    from rlx.config import load
+    from rlx.stages.train import clip_cannot_act
+
+    message = clip_cannot_act(load(None, ["train_worker_cfg.loss_cfg.policy_loss_cfg.cliprange_high=0.28"]))
+    assert message.startswith("train_worker_cfg.optimizer_steps is 1: every update is on-policy")
+    assert "(cliprange_low 0.2, cliprange_high 0.28, clip_ratio_c 3.0) cannot act" in message
+    assert clip_cannot_act(load(None, ["train_worker_cfg.optimizer_steps=2"])) is None

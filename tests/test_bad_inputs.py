@@ -153,6 +153,9 @@ ROWS = [
     Row("group estimator with groups of one", **show("dataflow_config:\n  prompt_repeat_k: 1\n"),
         message=INVALID + "advantage_estimator_config.type 'grpo' compares responses within a group: "
         "dataflow_config.prompt_repeat_k must be at least 2, got 1"),
+    Row("unknown algorithm name", **show("train_worker_cfg:\n  loss_cfg:\n    policy_loss_cfg:\n      loss_type: ppo2\n"),
+        message=INVALID + "train_worker_cfg.loss_cfg.policy_loss_cfg.loss_type: Input should be a registered policy "
+        "loss: 'vanilla', 'gspo' or 'cispo'; got 'ppo2'"),
     Row("pass@k above the group size",
         **show("advantage_estimator_config:\n  type: pass_at_k\n  k: 16\n"),
         message=INVALID + "advantage_estimator_config.k (16) cannot exceed dataflow_config.prompt_repeat_k (8)"),

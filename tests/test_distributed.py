@@ -81,7 +81,8 @@ def test_two_ranks_end_identical_and_equal_one_process(tmp_path, tiny_model):
 
     assert single["train/world_size"] == 1 and double["train/world_size"] == 2
     assert double["train/rank_weight_spread"] == 0.0
-    for name in ("train/loss", "train/pg_loss", "train/entropy", "train/clipfrac", "mismatch/k3_kl"):
+    clip = [f"train/clipfrac{part}" for part in ("", "_low", "_high", "_dual")]
+    for name in ("train/loss", "train/pg_loss", "train/entropy", *clip, "mismatch/k3_kl"):
         assert double[name] == pytest.approx(single[name], rel=1e-5, abs=1e-7), name
     assert single_weights.keys() == double_weights.keys()
     changed = 0

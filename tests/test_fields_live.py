@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from rlx import config
-from rlx.config import RLTrainerConfig
+from rlx.config import RLTrainerConfig, unsupported_reason
 from rlx.rollout import LMDEPLOY_ONLY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def is_read(name: str, source: str = SOURCE) -> bool:
 
 
 def refusal(model: type[BaseModel], name: str) -> str | None:
-    return (model.model_fields[name].json_schema_extra or {}).get("unsupported")
+    return unsupported_reason(model.model_fields[name])
 
 
 # Fields rlx reads but one backend ignores: warned about once per run (rlx.engines.check_setup).

@@ -11,15 +11,24 @@ names the field path, the bad value and what was expected.
 from __future__ import annotations
 
 import importlib.util
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from rlx.algo import registry
 from rlx.errors import UserError
-
-GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "pass_at_k"}
 
 
 class ConfigError(UserError):
@@ -39,6 +48,39 @@ def unsupported(default: Any, reason: str) -> Any:
     )
 
 
+def _registered(kind: str, name: str) -> str:
+    known = registry.names(kind)  # the first call imports the algorithm modules (and torch)
+    if name not in known:
+        quoted = [repr(option) for option in known]
+        listed = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+        raise ValueError(f"Input should be a registered {registry.KINDS[kind]}: {listed}")
+    return name
+
+
+def _list_registered(kind: str, schema: dict[str, Any]) -> None:
+    schema["enum"] = registry.names(kind)
+
+
+def registered(kind: str) -> Any:
+    """The type of a field that names an algorithm of ``kind`` in :mod:`rlx.algo.registry`: the names
+    are spelled once, where their functions are registered, and the schema lists them."""
+    return Annotated[
+        str, AfterValidator(partial(_registered, kind)), Field(json_schema_extra=partial(_list_registered, kind))
+    ]
+
+
+AdvantageName = registered("advantage")
+PolicyLossName = registered("policy_loss")
+KLName = registered("kl")
+LossAggName = registered("loss_agg")
+
+
+def unsupported_reason(field) -> str | None:
+    """Why a field is refused unless left at its default (see :func:`unsupported`), or None."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}  # or a schema hook
+    return extra.get("unsupported")
+
+
 class Section(BaseModel):
     """Base of every config section: unknown keys are rejected, assignments are validated."""
 
@@ -56,7 +98,7 @@ class Section(BaseModel):
     @classmethod
     def _supported(cls, value: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields[info.field_name]
-        reason = (field.json_schema_extra or {}).get("unsupported")
+        reason = unsupported_reason(field)
         if reason and value != field.default:
             raise ValueError(f"{UNSUPPORTED}: {reason}")
         return value
@@ -321,7 +363,7 @@ class LRConfig(Section):
 class PolicyLossConfig(Section):
     """The policy-gradient surrogate (XTuner ``policy_loss_cfg``)."""
 
-    loss_type: Literal["vanilla", "gspo", "cispo"] = Field(
+    loss_type: PolicyLossName = Field(
         "vanilla",
         description="vanilla: PPO clip; gspo: one length-normalised ratio per sequence (GSPO, arXiv 2507.18071); "
         "cispo: clipped, detached IS weight on every token (CISPO, MiniMax-M1, arXiv 2506.13585).",
@@ -362,13 +404,11 @@ class LossConfig(Section):
     """The RL loss (XTuner ``GRPOLossConfig``)."""
 
     policy_loss_cfg: PolicyLossConfig = Field(default_factory=PolicyLossConfig, description="The surrogate.")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
-        Field(
-            "token-mean",
-            description="How token losses become one: token-mean over the mini-batch is DAPO's (arXiv 2503.14476); "
-            "seq-mean-token-mean the original GRPO's; seq-mean-token-sum-norm Dr. GRPO's (arXiv 2503.20783), "
-            "without length bias.",
-        )
+    loss_agg_mode: LossAggName = Field(
+        "token-mean",
+        description="How token losses become one: token-mean over the mini-batch is DAPO's (arXiv 2503.14476); "
+        "seq-mean-token-mean the original GRPO's; seq-mean-token-sum-norm Dr. GRPO's (arXiv 2503.20783), "
+        "without length bias.",
     )
     use_kl_loss: bool = Field(
         False,
@@ -376,7 +416,7 @@ class LossConfig(Section):
         "DAPO and Dr. GRPO drop it.",
     )
     kl_loss_coef: float = Field(0.001, ge=0, description="The KL loss weight (DeepSeekMath's GRPO: 0.04).")
-    kl_loss_type: Literal["k1", "k2", "k3", "abs"] = Field(
+    kl_loss_type: KLName = Field(
         "k3", description="KL estimator (Schulman, 2020); GRPO uses k3, unbiased and always positive."
     )
     entropy_coef: float = Field(0.0, ge=0, description="rlx addition: entropy bonus (0 in GRPO and DAPO).")
@@ -457,9 +497,7 @@ class KLControlConfig(Section):
 class AdvantageEstimatorConfig(Section):
     """How rewards become advantages."""
 
-    type: Literal[
-        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "pass_at_k"
-    ] = Field(
+    type: AdvantageName = Field(
         "grpo",
         description="grpo: group z-score (arXiv 2402.03300); dr_grpo: group mean only (arXiv 2503.20783); rloo: "
         "leave-one-out (arXiv 2402.14740); reinforce_plus_plus(_baseline): batch-whitened (arXiv 2501.03262); "
@@ -468,7 +506,7 @@ class AdvantageEstimatorConfig(Section):
     eps: float = Field(1e-6, gt=0, description="Added to the std before dividing (grpo, reinforce_plus_plus*).")
     k: int = Field(4, ge=1, description="The k of pass_at_k.")
     use_kl_in_reward: bool = Field(False, description="Subtract kl_ctrl.kl_coef x the response's KL from its reward.")
-    kl_penalty: Literal["k1", "k2", "k3", "abs"] = Field("k1", description="KL estimator in the reward.")
+    kl_penalty: KLName = Field("k1", description="KL estimator in the reward.")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, description="The KL-in-reward coefficient.")
 
 
@@ -584,7 +622,7 @@ class RLTrainerConfig(Section):
                 "at temperature 1.0 with backend 'lmdeploy' (or use backend 'transformers')"
             )
         estimator, group_size = self.advantage_estimator_config.type, self.dataflow_config.prompt_repeat_k
-        if estimator in GROUP_ESTIMATORS and group_size < 2:
+        if estimator in registry.names("advantage", groups=True) and group_size < 2:
             raise ValueError(
                 f"advantage_estimator_config.type {estimator!r} compares responses within a group: "
                 f"dataflow_config.prompt_repeat_k must be at least 2, got {group_size}"

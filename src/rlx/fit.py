@@ -41,6 +41,7 @@ from rlx.layout import ITERATION, RunLayout
 from rlx.record import edit_params, point_at_step, record_step, recorded_md5, recorder, repair_dvc_lock
 from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
+from rlx.stages.train import clip_cannot_act
 from rlx.tracking import Tracker
 from rlx.trainer import DEEPSPEED_TAG
 
@@ -261,6 +262,8 @@ def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, Engines
     config = load(params)
     repair_dvc_lock(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
+    if reason := clip_cannot_act(config):
+        log.warning(reason)
     engines = Engines(config)
     remove_temporaries(engines.layout.work_dir)
     return config, engines, first_step_to_run(config, engines)

@@ -4,6 +4,9 @@ Rewards are ordered group by group, ``[num_groups * group_size]``; ``mask`` (``[
 0/1) gives response lengths where an estimator needs them. Every estimator returns ``[batch]``; the
 loss broadcasts it over the response's tokens. A group whose rewards are all equal carries no
 signal and gets exactly 0 from every group estimator.
+
+A new estimator is one function here under ``@register("advantage", NAME)`` (``groups=True`` if it
+compares responses within a group); ``advantage_estimator_config.type`` accepts NAME from then on.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from rlx.algo.registry import get, register
 
 
 def _groups(rewards: torch.Tensor, group_size: int, name: str) -> torch.Tensor:
@@ -33,6 +38,7 @@ def _lengths(mask: torch.Tensor | None, name: str) -> torch.Tensor:
     return mask.float().sum(dim=-1)
 
 
+@register("advantage", "grpo", groups=True)
 def grpo(rewards: torch.Tensor, group_size: int, eps: float = 1e-6, **_) -> torch.Tensor:
     """Group z-score, GRPO (Shao et al., 2024, DeepSeekMath): ``(r - mean_g) / (std_g + eps)``, with
     the Bessel-corrected std (as verl and TRL use)."""
@@ -41,12 +47,14 @@ def grpo(rewards: torch.Tensor, group_size: int, eps: float = 1e-6, **_) -> torc
     return _zero_where_flat(groups, centred / (groups.std(dim=1, keepdim=True) + eps))
 
 
+@register("advantage", "dr_grpo", groups=True)
 def dr_grpo(rewards: torch.Tensor, group_size: int, **_) -> torch.Tensor:
     """GRPO without the std division, Dr. GRPO (Liu et al., 2025): ``r - mean_g``."""
     groups = _groups(rewards, group_size, "dr_grpo")
     return _zero_where_flat(groups, groups - groups.mean(dim=1, keepdim=True))
 
 
+@register("advantage", "rloo", groups=True)
 def rloo(rewards: torch.Tensor, group_size: int, **_) -> torch.Tensor:
     """Leave-one-out baseline, RLOO (Ahmadian et al., 2024): ``r_i - mean_{j != i} r_j``,
     which equals ``G / (G - 1) * (r_i - mean_g)``."""
@@ -64,6 +72,7 @@ def _whiten(values: torch.Tensor, lengths: torch.Tensor, eps: float) -> torch.Te
     return (values - mean) / (var.sqrt() + eps)
 
 
+@register("advantage", "reinforce_plus_plus")
 def reinforce_plus_plus(
     rewards: torch.Tensor, group_size: int, mask: torch.Tensor | None = None, eps: float = 1e-6, **_
 ) -> torch.Tensor:
@@ -71,6 +80,7 @@ def reinforce_plus_plus(
     return _whiten(rewards.float(), _lengths(mask, "reinforce_plus_plus"), eps)
 
 
+@register("advantage", "reinforce_plus_plus_baseline", groups=True)
 def reinforce_plus_plus_baseline(
     rewards: torch.Tensor, group_size: int, mask: torch.Tensor | None = None, eps: float = 1e-6, **_
 ) -> torch.Tensor:
@@ -82,6 +92,7 @@ def reinforce_plus_plus_baseline(
     return torch.where(centred == 0, torch.zeros_like(whitened), whitened)
 
 
+@register("advantage", "opo", groups=True)
 def opo(rewards: torch.Tensor, group_size: int, mask: torch.Tensor | None = None, **_) -> torch.Tensor:
     """Length-weighted group baseline, OPO (Hao et al., 2025): ``r_i - sum_j L_j r_j / sum_j L_j``."""
     groups = _groups(rewards, group_size, "opo")
@@ -90,6 +101,7 @@ def opo(rewards: torch.Tensor, group_size: int, mask: torch.Tensor | None = None
     return _zero_where_flat(groups, groups - baseline)
 
 
+@register("advantage", "pass_at_k", groups=True)
 def pass_at_k(rewards: torch.Tensor, group_size: int, k: int = 4, **_) -> torch.Tensor:
     """Pass@k training's analytic advantage (Chen et al., 2025), for 0/1 rewards (> 0 counts as correct).
 
@@ -112,21 +124,8 @@ def pass_at_k(rewards: torch.Tensor, group_size: int, k: int = 4, **_) -> torch.
     return out.flatten()
 
 
-ESTIMATORS = {
-    "grpo": grpo,
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-    "reinforce_plus_plus": reinforce_plus_plus,
-    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
-    "opo": opo,
-    "pass_at_k": pass_at_k,
-}
-
-
 def compute(
     name: str, rewards: torch.Tensor, group_size: int, mask: torch.Tensor | None = None, **options
 ) -> torch.Tensor:
     """Advantages by estimator name (``advantage_estimator_config.type``)."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; available: {', '.join(ESTIMATORS)}")
-    return ESTIMATORS[name](rewards, group_size, mask=mask, **options)
+    return get("advantage", name)(rewards, group_size, mask=mask, **options)

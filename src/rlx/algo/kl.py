@@ -1,32 +1,48 @@
 """KL estimators between the policy and a reference, per token (Schulman, "Approximating KL
-divergence", 2020). With ``log_ratio = logp - ref_logp`` sampled from the policy:
+divergence", 2020), each a function of ``log_ratio = logp - ref_logp`` sampled from the policy:
 
 - ``k1 = log_ratio`` (unbiased, high variance, can be negative)
 - ``k2 = log_ratio**2 / 2``
 - ``k3 = exp(-log_ratio) - 1 + log_ratio`` (unbiased, non-negative, low variance)
 - ``abs = |log_ratio|``
+
+A new estimator is one function under ``@register("kl", NAME)``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rlx.algo.registry import get, register
+
 K3_CLAMP = 10.0
 
 
+@register("kl", "k1")
+def k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio
+
+
+@register("kl", "k2")
+def k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_ratio.square()
+
+
+@register("kl", "k3")
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    # Clamped so one token whose probabilities collapsed cannot blow the loss up (as verl does).
+    negative = (-log_ratio).clamp(-20.0, 20.0)
+    return (negative.exp() - 1 - negative).clamp(-K3_CLAMP, K3_CLAMP)
+
+
+@register("kl", "abs")
+def absolute(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio.abs()
+
+
 def estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    log_ratio = logp - ref_logp
-    if kind == "k1":
-        return log_ratio
-    if kind == "k2":
-        return 0.5 * log_ratio.square()
-    if kind == "k3":
-        # Clamped so one token whose probabilities collapsed cannot blow the loss up (as verl does).
-        negative = (-log_ratio).clamp(-20.0, 20.0)
-        return (negative.exp() - 1 - negative).clamp(-K3_CLAMP, K3_CLAMP)
-    if kind == "abs":
-        return log_ratio.abs()
-    raise ValueError(f"unknown KL estimator {kind!r}; available: k1, k2, k3, abs")
+    """Per-token KL by estimator name (``kl_loss_type``, ``kl_penalty``)."""
+    return get("kl", kind)(logp - ref_logp)
 
 
 def adaptive_kl_coef(coef: float, observed_kl: float, target_kl: float, horizon: int, batch_size: int) -> float:

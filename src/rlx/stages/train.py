@@ -144,6 +144,20 @@ def reuses_old_logprobs(config: RLTrainerConfig) -> bool:
     )
 
 
+def clip_cannot_act(config: RLTrainerConfig) -> str | None:
+    """Why the clip settings change nothing, if they cannot: with one update per rollout step the
+    update is on-policy, its importance ratio exactly 1, so no bound is ever reached (a run warns once)."""
+    if config.train_worker_cfg.optimizer_steps > 1:
+        return None
+    clip = config.train_worker_cfg.loss_cfg.policy_loss_cfg
+    return (
+        "train_worker_cfg.optimizer_steps is 1: every update is on-policy, its importance ratio exactly 1, so "
+        f"policy_loss_cfg's clip bounds (cliprange_low {clip.cliprange_low}, cliprange_high {clip.cliprange_high}, "
+        f"clip_ratio_c {clip.clip_ratio_c}) cannot act and train/clipfrac stays 0; with optimizer_steps above 1 "
+        "the later mini-batches are off-policy and the bounds act"
+    )
+
+
 def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer, engines) -> list[list[Micro]]:
     """This rank's micro-batches of each mini-batch, with the old (unless reused) and reference
     log-probs computed before any update, and each mini-batch's token count over all ranks."""
