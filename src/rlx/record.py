@@ -10,6 +10,7 @@ own at the lowest CPU priority, filling the gaps that generation and training le
 from __future__ import annotations
 
 import ctypes
+import io
 import json
 import logging
 import multiprocessing
@@ -42,10 +43,9 @@ def edit_params(path: Path, overrides: list[str]) -> None:
     tree = round_trip.load(path.read_text())
     for override in overrides:
         apply_override(tree, override)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        round_trip.dump(tree, handle)
-    os.replace(tmp, path)
+    text = io.StringIO()
+    round_trip.dump(tree, text)
+    write_text(text.getvalue(), path)
 
 
 def point_at_step(path: Path, step: int, checkpoint: int) -> None:
