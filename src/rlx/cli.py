@@ -133,12 +133,13 @@ def stage(
     from rlx.engines import Engines
     from rlx.layout import STAGES
     from rlx.stages import run_stage
+    from rlx.stages.train import replay
 
     if name not in STAGES:
         raise UserError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
     config = load_config(params, overrides)
     step = config.run.checkpoint if name == "checkpoint" else config.run.step
-    metrics = run_stage(name, config, step, Engines(config))
+    metrics = run_stage(name, config, step, Engines(config, replay))
     console.print_json(data=metrics)
 
 

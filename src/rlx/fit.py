@@ -31,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlx import faults, worklock
+from rlx import dvcdeps, faults, worklock
 from rlx.artifacts import read_json, remove_temporaries, write_json, write_text
 from rlx.config import RLTrainerConfig, RunPointer, load, to_yaml
 from rlx.engines import Engines
@@ -40,6 +40,7 @@ from rlx.layout import ITERATION, RunLayout
 from rlx.record import edit_params, point_at_step, record_step, recorder, repair_dvc_lock
 from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
+from rlx.stages.train import replay
 from rlx.tracking import Tracker
 from rlx.trainer import DEEPSPEED_TAG
 
@@ -194,9 +195,11 @@ def fit_here(params: Path, overrides: list[str], console: Console) -> list[dict]
         load(params, overrides)  # validate before touching the file
         edit_params(params, overrides)
     config = load(params)
+    if (params.parent / "dvc.yaml").is_file():
+        dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
     repair_dvc_lock(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
-    engines = Engines(config)
+    engines = Engines(config, replay)
     layout = engines.layout
     total = engines.total_steps
     remove_temporaries(layout.work_dir)
