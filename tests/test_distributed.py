@@ -16,6 +16,7 @@ from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.fit import fit
 from rlx.stages import run_stage
+from rlx.stages.train import replay
 
 
 def test_deal_gives_every_rank_the_same_number_of_micro_batches():
@@ -51,7 +52,7 @@ def rolled_out_project(base, tiny_model):
     project = make_project(base, tiny_model)
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml")
-        engines = Engines(config)
+        engines = Engines(config, replay)
         for name in ("base", "prepare", "rollout", "judge"):
             run_stage(name, config, 1, engines)
     return project
@@ -61,7 +62,7 @@ def train_step_one(project, *overrides):
     """Step 1's update, then its checkpoint (the ranks of a launch write it themselves)."""
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml", [*overrides, "checkpoint_interval=1"])
-        engines = Engines(config)
+        engines = Engines(config, replay)
         metrics = run_stage("train", config, 1, engines)
         run_stage("checkpoint", config, 1, engines)
         weights = load_file(project / "runs/demo/step-1/policy/model.safetensors")

@@ -52,6 +52,10 @@ def test_every_dataset_of_every_list_a_stage_reads_is_a_dep():
         "${evaluator_config.dataset_cfg[0].anno_path}",
         "${evaluator_config.dataset_cfg[1].anno_path}",
     ]
+    dvc_yaml = ROOT / "dvc.yaml"
+    assert dvcdeps.undeclared_datasets(dvc_yaml, config, "evaluate") is None
+    assert "run `rlx sync-deps`" in dvcdeps.undeclared_datasets(dvc_yaml, two, "evaluate")
+    assert dvcdeps.undeclared_datasets(dvc_yaml, two, "train") is None  # train reads no dataset_cfg
 
 
 def test_sync_rewrites_only_the_deps(tmp_path):

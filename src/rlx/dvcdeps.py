@@ -16,6 +16,7 @@ import io
 from functools import cache
 from pathlib import Path
 
+import yaml
 from ruamel.yaml import YAML
 
 from rlx.artifacts import write_text
@@ -139,3 +140,17 @@ def sync(dvc_yaml: Path, config: RLTrainerConfig) -> bool:
         round_trip.dump(tree, text)
         write_text(text.getvalue(), dvc_yaml)
     return changed
+
+
+def undeclared_datasets(dvc_yaml: Path, config: RLTrainerConfig, stage: str) -> str | None:
+    """Why ``dvc_yaml`` does not declare every dataset stage ``stage`` reads (a list grew or shrank since
+    it was written), or None: `dvc repro` would then not rerun the stage when such a dataset changes."""
+    if stage not in DATASETS or not dvc_yaml.is_file():
+        return None
+    declared = yaml.CSafeLoader(dvc_yaml.read_text()).get_single_data()["stages"][stage]["deps"]
+    if [d for d in declared if ".dataset_cfg[" in d] == dataset_deps(stage, config):
+        return None
+    return (
+        f"{dvc_yaml} does not declare the datasets of {', '.join(DATASETS[stage])} as the {stage} stage's deps "
+        "(a dataset_cfg list changed length); run `rlx sync-deps` (rlx fit does it first) and repro again"
+    )
