@@ -11,11 +11,12 @@ from safetensors.torch import load_file
 
 from conftest import dvc_status, make_project
 from rlx import config as rlx_config
-from rlx import distributed
+from rlx import distributed, launcher
 from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.fit import fit
 from rlx.stages import run_stage
+from rlx.stages.train import replay
 
 
 def test_deal_gives_every_rank_the_same_number_of_micro_batches():
@@ -29,19 +30,19 @@ def test_deal_gives_every_rank_the_same_number_of_micro_batches():
 def test_hostfile_slots_are_counted_and_bad_lines_named(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# two nodes\nnode-a slots=8\nnode-b slots=4  # smaller\n\n")
-    assert distributed.hostfile_slots(hostfile) == 12
+    assert launcher.hostfile_slots(hostfile) == 12
     hostfile.write_text("node-a slots=8\nnode-b\n")
     with pytest.raises(UserError, match=r"hostfile .*, line 2: expected 'HOST slots=N', got 'node-b'"):
-        distributed.hostfile_slots(hostfile)
+        launcher.hostfile_slots(hostfile)
     with pytest.raises(UserError, match="no such file"):
-        distributed.hostfile_slots(tmp_path / "missing")
+        launcher.hostfile_slots(tmp_path / "missing")
 
 
 def test_launch_command_uses_deepspeed_on_this_host_or_the_hostfile(tmp_path):
-    local = distributed.launch_command(2, None, 29999, ["train", "c.yaml", "1", "r.json"])
+    local = launcher.launch_command(2, None, 29999, ["train", "c.yaml", "1", "r.json"])
     assert local[0].endswith("deepspeed") and local[1:3] == ["--num_gpus", "2"]
-    assert local[-6:] == ["--module", "rlx.distributed", "train", "c.yaml", "1", "r.json"]
-    remote = distributed.launch_command(16, tmp_path / "hosts", 29999, ["train"])
+    assert local[-6:] == ["--module", "rlx.rank", "train", "c.yaml", "1", "r.json"]
+    remote = launcher.launch_command(16, tmp_path / "hosts", 29999, ["train"])
     assert remote[1:3] == ["--hostfile", str(tmp_path / "hosts")]
 
 
@@ -51,7 +52,7 @@ def rolled_out_project(base, tiny_model):
     project = make_project(base, tiny_model)
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml")
-        engines = Engines(config)
+        engines = Engines(config, replay)
         for name in ("base", "prepare", "rollout", "judge"):
             run_stage(name, config, 1, engines)
     return project
@@ -61,7 +62,7 @@ def train_step_one(project, *overrides):
     """Step 1's update, then its checkpoint (the ranks of a launch write it themselves)."""
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml", [*overrides, "checkpoint_interval=1"])
-        engines = Engines(config)
+        engines = Engines(config, replay)
         metrics = run_stage("train", config, 1, engines)
         run_stage("checkpoint", config, 1, engines)
         weights = load_file(project / "runs/demo/step-1/policy/model.safetensors")

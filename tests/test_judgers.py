@@ -14,8 +14,8 @@ from rlx.errors import UserError
 from rlx.judgers import Panel, available, get, score_batch
 from rlx.judgers.math import last_boxed
 from rlx.judgers.numeric import to_number
+from rlx.judgers.rows import judge_rows
 from rlx.stages.evaluate import dataset_panel
-from rlx.stages.judge import judge_rows
 
 
 def read_jsonl(path):

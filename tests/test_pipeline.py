@@ -61,6 +61,7 @@ def test_every_step_is_addressable_and_checkpoints_follow_retention(finished):
         numbers = read_rows(paths.update)
         assert len(numbers) == 16 and [n["reward_used"] for n in numbers] == [j["reward"] for j in judged]
         assert {n["old_logprob_source"] for n in numbers} == {"loss forward"}
+        assert read_json(paths.run_length) == {"total_steps": 3}  # prepare's record of the run's length
         assert (
             read_json(paths.weights_fingerprint)["digest"]
             != read_json(layout.step(step - 1).weights_fingerprint)["digest"]
@@ -106,6 +107,25 @@ def test_dvc_repro_runs_a_step_cold_from_one_without_checkpoint(finished, tmp_pa
     assert read_json(step_two.weights_fingerprint) == read_json(warm.weights_fingerprint)
     assert read_json(step_two.metrics("train"))["train/loss"] == read_json(warm.metrics("train"))["train/loss"]
     assert dvc_status(cold) == {}
+
+
+def test_editing_code_marks_exactly_the_stages_that_run_it(finished, tmp_path):
+    """dvc.yaml's code deps are the stages' import closures: in a copy of the finished run, editing a
+    judger changes every stage that judges and no other, the judge stage only itself, a loss only train."""
+    project, _ = finished
+    copy = Path(shutil.copytree(project, tmp_path / "project", symlinks=True))
+    cases = {
+        "src/rlx/judgers/numeric.py": {"base", "rollout", "judge", "evaluate"},
+        "src/rlx/stages/judge.py": {"judge"},
+        "src/rlx/algo/losses.py": {"train"},
+    }
+    for name, stages in cases.items():
+        file = copy / name
+        original = file.read_text()
+        file.write_text(original + "# edited\n")
+        assert {key.rsplit(":", 1)[-1] for key in dvc_status(copy)} == stages, name  # DVC keys: dvc.yaml:NAME
+        file.write_text(original)
+    assert dvc_status(copy) == {}
 
 
 def test_killed_fit_resumes_to_the_same_result(finished, tmp_path, tiny_model):
@@ -169,6 +189,12 @@ def test_each_algorithm_preset_trains_the_demo(preset, tmp_path, tiny_model):
     if config.dataflow_config.enable_dynamic_sampling:
         for step, metrics in enumerate(history, start=1):
             check_dynamic_sampling(config, layout.step(step), metrics)
+        for step in (1, 2):  # the judge stage reused the filter's verdicts: both saw the same rewards
+            paths = layout.step(step)
+            judged = [
+                {k: v for k, v in r.items() if k not in ("step", "group", "sample")} for r in read_rows(paths.judged)
+            ]
+            assert [row["judgment"] for row in read_rows(paths.rollouts)] == judged
     assert dvc_status(project) == {}
 
 

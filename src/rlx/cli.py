@@ -122,6 +122,15 @@ def init_model(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt 
     console.print_json(data=metrics)
 
 
+@app.command("sync-deps")
+def sync_deps(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
+    """Write dvc.yaml's code and dataset deps from the import graph and params.yaml (rlx fit does it first)."""
+    from rlx.dvcdeps import sync
+
+    changed = sync(params.parent / "dvc.yaml", load_config(params, overrides))
+    console.print(f"{params.parent / 'dvc.yaml'}: {'deps rewritten' if changed else 'up to date'}")
+
+
 @app.command("stage")
 def stage(
     name: Annotated[str, typer.Argument(help="base, prepare, rollout, judge, train, checkpoint, evaluate or export.")],
@@ -130,16 +139,21 @@ def stage(
 ) -> None:
     """Run one pipeline stage for the step in params.yaml's `run.step` (`run.checkpoint` for the
     checkpoint stage): what dvc.yaml calls."""
+    from rlx.dvcdeps import undeclared_datasets
     from rlx.engines import Engines, check_setup
     from rlx.layout import STAGES
     from rlx.stages import run_stage
+    from rlx.stages.train import replay
 
     if name not in STAGES:
         raise UserError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
     config = load_config(params, overrides)
+    problem = undeclared_datasets(params.parent / "dvc.yaml", config, name)
+    if problem:
+        raise UserError(problem)
     step = config.run.checkpoint if name == "checkpoint" else config.run.step
     check_setup(config)
-    metrics = run_stage(name, config, step, Engines(config))
+    metrics = run_stage(name, config, step, Engines(config, replay))
     console.print_json(data=metrics)
 
 

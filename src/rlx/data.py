@@ -1,4 +1,5 @@
-"""Reading prompt datasets (parquet or jsonl) into rows, with each broken row reported by number.
+"""Reading prompt datasets (parquet or jsonl) into rows, with each broken row reported by number, and
+the run's prompt pool (every usable prompt of ``replay_buffer_config``), which fixes the run's length.
 
 Rows follow :mod:`rlx.tasks.rows`. A dataset that cannot be used raises :class:`DataError` naming
 the file, the row and the problem, before anything reaches a model.
@@ -7,11 +8,15 @@ the file, the row and the problem, before anything reaches a model.
 from __future__ import annotations
 
 import json
+import math
+import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -123,3 +128,64 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of a chat prompt rendered by the tokenizer's template, ready for the assistant's turn."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+@dataclass
+class PromptPool:
+    """Every usable prompt of the configured datasets, tokenized once; too-long ones are counted."""
+
+    rows: list[dict]
+    dropped_too_long: int
+
+    @classmethod
+    def load(cls, config: RLTrainerConfig, tokenizer) -> PromptPool:
+        buffer = config.replay_buffer_config
+        rows, dropped = [], 0
+        for dataset in buffer.dataset_cfg:
+            source = load_rows(dataset.anno_path)
+            for index in sample_indices(len(source), dataset.sample_ratio, config.seed):
+                row = source[index]
+                ids = prompt_ids(tokenizer, row["prompt"])
+                if len(ids) > buffer.max_prompt_length:
+                    dropped += 1
+                    continue
+                rows.append(
+                    {
+                        "dataset": dataset.name,
+                        "index": index,
+                        "data_source": row["data_source"],
+                        "prompt": json.dumps(row["prompt"]),
+                        "prompt_ids": ids,
+                        "ground_truth": str(row["reward_model"]["ground_truth"]),
+                    }
+                )
+        if not rows:
+            raise UserError(
+                f"every prompt ({dropped}) is longer than replay_buffer_config.max_prompt_length="
+                f"{buffer.max_prompt_length} tokens; raise the limit or shorten the prompts"
+            )
+        return cls(rows, dropped)
+
+    def steps_per_epoch(self, global_batch_size: int) -> int:
+        steps = len(self.rows) // global_batch_size
+        if steps == 0:
+            raise UserError(
+                f"only {len(self.rows)} usable prompts ({self.dropped_too_long} more were longer than "
+                f"replay_buffer_config.max_prompt_length), fewer than dataflow_config.global_batch_size="
+                f"{global_batch_size}"
+            )
+        return steps
+
+
+def sample_indices(size: int, ratio: float, seed: int) -> list[int]:
+    """Row indices for a ``sample_ratio``: a seeded subset below 1, whole repeats plus a subset above."""
+    whole, fraction = divmod(ratio, 1)
+    extra = random.Random(seed).sample(range(size), math.floor(fraction * size))
+    return [*range(size)] * int(whole) + sorted(extra)
+
+
+def run_length(config: RLTrainerConfig, pool: PromptPool) -> int:
+    """The run's length in steps: ``rollout_steps`` if set, else ``total_epochs`` x steps per epoch."""
+    if config.rollout_steps:
+        return config.rollout_steps
+    return config.total_epochs * pool.steps_per_epoch(config.dataflow_config.global_batch_size)

@@ -1,10 +1,8 @@
-"""Data-parallel training: the processes DeepSpeed's launcher starts, and how they agree.
+"""Data-parallel training: how the ranks of a launched stage (:mod:`rlx.launcher`) agree.
 
-With ``resources.num_workers > 1`` the train stage does not train in the calling process: it writes
-the resolved config to the step's folder and launches ``num_workers`` copies of this module through
-`deepspeed` (one host, or the hosts of ``resources.hostfile``). Every rank reads the same judged
-rollouts and computes the same advantages; the micro-batches of each mini-batch are dealt out
-round-robin, DeepSpeed averages the gradients, and rank 0 writes the artifacts. On CPU the ranks
+Every rank reads the same judged rollouts and computes the same advantages; the micro-batches of
+each mini-batch are dealt out round-robin (``deal``), DeepSpeed averages the gradients, and rank 0
+writes the artifacts. In a single process every collective here is the identity. On CPU the ranks
 talk over gloo, which is how the tests run two of them.
 """
 
@@ -12,16 +10,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
 
-from rlx.artifacts import atomic_dir, read_json, write_json
-from rlx.errors import UserError
+from rlx.artifacts import atomic_dir
 
 RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # set by the launcher
 
@@ -100,69 +95,7 @@ def atomic_dir_on_all_ranks(path: Path) -> Iterator[Path]:
     barrier()  # and the rename is done before anyone reads
 
 
-def hostfile_slots(path: Path) -> int:
-    """Processes a DeepSpeed hostfile provides: the sum of its ``host slots=N`` lines."""
-    if not path.is_file():
-        raise UserError(f"resources.hostfile {path}: no such file")
-    total = 0
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.split("#")[0].strip()
-        if not line:
-            continue
-        fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
-        if not fields.get("slots", "").isdigit():
-            raise UserError(f"resources.hostfile {path}, line {number}: expected 'HOST slots=N', got {line!r}")
-        total += int(fields["slots"])
-    return total
-
-
-def launch_command(num_workers: int, hostfile: Path | None, port: int, args: list[str]) -> list[str]:
-    """The `deepspeed` launch of ``python -m rlx.distributed ARGS`` on ``num_workers`` processes."""
-    where = ["--hostfile", str(hostfile)] if hostfile else ["--num_gpus", str(num_workers)]
-    deepspeed = Path(sys.executable).with_name("deepspeed")
-    return [str(deepspeed), *where, "--master_port", str(port), "--no_local_rank", "--module", __name__, *args]
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def launch_stage(name: str, config, step: int, folder: Path) -> dict:
-    """Run stage ``name`` of ``step`` on ``resources.num_workers`` ranks; return rank 0's metrics."""
-    from rlx.config import to_yaml
-
-    config_path, result = folder / f".{name}.launch.yaml", folder / f".{name}.launch.json"
-    folder.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(to_yaml(config))
-    result.unlink(missing_ok=True)
-    resources = config.resources
-    command = launch_command(
-        resources.num_workers, resources.hostfile, free_port(), [name, str(config_path), str(step), str(result)]
-    )
-    done = subprocess.run(command, env=without_rendezvous(dict(os.environ)), capture_output=True, text=True)
-    if done.returncode != 0 or not result.is_file():
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-        raise RuntimeError(f"the {name} stage on {resources.num_workers} workers failed:\n{tail}")
-    metrics = read_json(result)
-    config_path.unlink()
-    result.unlink()
-    return metrics
-
-
-def main(argv: list[str]) -> None:
-    """One rank: ``python -m rlx.distributed STAGE CONFIG STEP RESULT``."""
-    from rlx.config import load
-    from rlx.engines import Engines
-    from rlx.stages import module
-
-    name, config_path, step, result = argv
-    config = load(Path(config_path))
-    metrics = module(name).run(config, int(step), Engines(config))
-    if is_main():
-        write_json(metrics, Path(result))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

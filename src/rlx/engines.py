@@ -3,6 +3,9 @@
 `rlx stage NAME` makes a fresh ``Engines`` per process, so everything comes from disk (cold).
 `rlx fit` keeps one for the whole run (warm): the policy the train stage leaves in memory at step N
 is the very module step N+1 samples from, with no reload. Both paths run the same stage code.
+
+Re-creating a policy that has no checkpoint replays recorded updates with the train stage's code,
+which the maker passes in (``replay``): engines are below the stages and do not import them.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import logging
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from rlx import faults
 from rlx.artifacts import read_json
 from rlx.config import RLTrainerConfig
+from rlx.data import PromptPool, prompt_ids, run_length
 from rlx.errors import UserError, first_line
 from rlx.fingerprint import fingerprint, first_difference
 from rlx.layout import RunLayout
@@ -108,8 +113,6 @@ def check_chat_template(tokenizer, tokenizer_path: Path) -> None:
 
     from jinja2 import TemplateError
 
-    from rlx.data import prompt_ids
-
     def too_slow(*_):
         raise TimeoutError
 
@@ -136,8 +139,9 @@ def has_optimizer_state(paths) -> bool:
 
 
 class Engines:
-    def __init__(self, config: RLTrainerConfig):
+    def __init__(self, config: RLTrainerConfig, replay: Callable | None = None):
         self.config = config
+        self.replay = replay  # (config, trainer, steps, engines): the train stage's replay of recorded updates
         self.layout = RunLayout(config.work_dir)
         self._trainer: PolicyTrainer | None = None
         self._trainer_step: int | None = None
@@ -168,19 +172,18 @@ class Engines:
         return tokenizer
 
     @cached_property
-    def prompt_pool(self):
-        from rlx.stages.prepare import PromptPool
-
+    def prompt_pool(self) -> PromptPool:
         return PromptPool.load(self.config, self.tokenizer)
 
     @cached_property
     def total_steps(self) -> int:
-        """The run's length: ``rollout_steps`` if set, else ``total_epochs`` x steps per epoch."""
-        if self.config.rollout_steps:
-            return self.config.rollout_steps
-        return self.config.total_epochs * self.prompt_pool.steps_per_epoch(
-            self.config.dataflow_config.global_batch_size
-        )
+        """The run's length, computed from the config and the prompt pool (for the driver and prepare)."""
+        return run_length(self.config, self.prompt_pool)
+
+    def recorded_length(self, step: int) -> int:
+        """The run's length as step ``step``'s prepare recorded it: what the stages after it read, so that
+        DVC sees it as their input (``step-N/run_length.json``)."""
+        return read_json(self.layout.step(step).run_length)["total_steps"]
 
     @cached_property
     def reference(self):
@@ -237,13 +240,13 @@ class Engines:
         root = self.replay_root(step)
         self.make_room_for_training()
         if self._trainer_step is None or not root <= self._trainer_step < step:
-            self._trainer = self.load_checkpoint(root)
+            self._trainer = self.load_checkpoint(root, self.recorded_length(max(1, step)))
             self._trainer_step = root
         if self._trainer_step < step:
-            from rlx.stages.train import replay
-
+            if self.replay is None:
+                raise RuntimeError(f"re-creating the policy of step {step} needs a replay; make Engines with one")
             started = time.perf_counter()
-            replay(self.config, self._trainer, range(self._trainer_step + 1, step + 1), self)
+            self.replay(self.config, self._trainer, range(self._trainer_step + 1, step + 1), self)
             self.replay_seconds += time.perf_counter() - started
             log.info("replayed steps %d-%d in %.1f s", self._trainer_step + 1, step, time.perf_counter() - started)
             self._trainer_step = step
@@ -255,14 +258,14 @@ class Engines:
         roots = [k for k in self.layout.checkpoints(upto=step) if has_optimizer_state(self.layout.step(k))]
         return roots[-1] if roots else 0  # the base model with a fresh optimizer, checkpoint 0 or not
 
-    def load_checkpoint(self, step: int) -> PolicyTrainer:
+    def load_checkpoint(self, step: int, total_steps: int) -> PolicyTrainer:
         """The trainer of a checkpoint, its weights (DeepSpeed's copy in ``trainer_state``, which it loads
         over the HF folder's) checked against the step's recorded fingerprint (step 0 without its
-        checkpoint: ``load_from`` with a fresh optimizer)."""
+        checkpoint: ``load_from`` with a fresh optimizer); its LR schedule spans ``total_steps``."""
         paths = self.layout.step(step)
         policy = paths.policy if step or 0 in self.layout.checkpoints() else self.config.load_from
         worker = self.config.train_worker_cfg
-        trainer = PolicyTrainer(worker, policy, paths.trainer_state, self.total_steps * worker.optimizer_steps)
+        trainer = PolicyTrainer(worker, policy, paths.trainer_state, total_steps * worker.optimizer_steps)
         if step:
             self.checked(trainer.module, step, trainer.fingerprint, paths.trainer_state)
         return trainer

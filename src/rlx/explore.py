@@ -22,6 +22,7 @@ import yaml
 
 from rlx.artifacts import read_json
 from rlx.errors import UserError
+from rlx.judgers.rows import VERDICT
 from rlx.layout import RunLayout
 
 
@@ -80,7 +81,7 @@ class Run:
         """A step's responses with their judgments and what the update made of them (``update.parquet``:
         the reward it used, KL, advantage, importance weights; empty until the step has trained)."""
         paths = self._step_dir(step)
-        rollouts = pd.read_parquet(paths.rollouts)
+        rollouts = pd.read_parquet(paths.rollouts).drop(columns=[VERDICT], errors="ignore")  # judged has it
         judged = pd.read_parquet(paths.judged).drop(columns=["step", "group", "sample"])
         update = pd.read_parquet(paths.update) if paths.update.is_file() else pd.DataFrame(index=judged.index)
         prompts = pd.read_parquet(paths.prompts)[["group", "dataset", "index"]]
@@ -96,6 +97,7 @@ class Run:
         for), else re-created by replay into ``out`` (default ``<work_dir>/materialized/step-N``, reused)."""
         from rlx.config import load
         from rlx.engines import Engines
+        from rlx.stages.train import replay
 
         paths = self.layout.step(step)
         if not paths.weights_fingerprint.is_file():
@@ -103,7 +105,7 @@ class Run:
         folder = Path(out or self.work_dir / "materialized" / f"step-{step}")
         if out is None and (folder / "config.json").is_file():
             return folder
-        engines = Engines(load(self.layout.config, [f"work_dir={self.work_dir}"]))
+        engines = Engines(load(self.layout.config, [f"work_dir={self.work_dir}"]), replay)
         if out is None and step in self.layout.checkpoints():
             engines.policy(step)  # its weights checked against the step's fingerprint
             return paths.policy

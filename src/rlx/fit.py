@@ -32,7 +32,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlx import faults, preflight, worklock
+from rlx import dvcdeps, faults, preflight, worklock
 from rlx.artifacts import read_json, remove_temporaries, write_json, write_text
 from rlx.config import RLTrainerConfig, RunPointer, load, to_yaml
 from rlx.engines import Engines
@@ -41,7 +41,7 @@ from rlx.layout import ITERATION, RunLayout
 from rlx.record import edit_params, point_at_step, record_step, recorded_md5, recorder, repair_dvc_lock
 from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
-from rlx.stages.train import clip_cannot_act
+from rlx.stages.train import clip_cannot_act, replay
 from rlx.tracking import Tracker
 from rlx.trainer import DEEPSPEED_TAG
 
@@ -260,11 +260,13 @@ def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, Engines
     if overrides:
         edit_params(params, overrides)
     config = load(params)
+    if (params.parent / "dvc.yaml").is_file():
+        dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
     repair_dvc_lock(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
     if reason := clip_cannot_act(config):
         log.warning(reason)
-    engines = Engines(config)
+    engines = Engines(config, replay)
     remove_temporaries(engines.layout.work_dir)
     return config, engines, first_step_to_run(config, engines)
 

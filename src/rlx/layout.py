@@ -45,6 +45,7 @@ class StepPaths:
     dir: Path
 
     prompts = _file("prompts.parquet")
+    run_length = _file("run_length.json")  # the run's length in steps, as prepare computed it
     rollouts = _file("rollouts.parquet")
     judged = _file("judged.parquet")
     update = _file("update.parquet")

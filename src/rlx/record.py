@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import gzip
+import io
 import json
 import logging
 import multiprocessing
@@ -44,10 +45,9 @@ def edit_params(path: Path, overrides: list[str]) -> None:
     tree = round_trip.load(path.read_text())
     for override in overrides:
         apply_override(tree, override)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        round_trip.dump(tree, handle)
-    os.replace(tmp, path)
+    text = io.StringIO()
+    round_trip.dump(tree, text)
+    write_text(text.getvalue(), path)
 
 
 def point_at_step(path: Path, step: int, checkpoint: int) -> None:

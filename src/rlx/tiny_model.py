@@ -18,6 +18,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from rlx.artifacts import atomic_dir, write_text
 from rlx.config import RLTrainerConfig, SampleParams, TinyModelConfig
 from rlx.data import load_rows, prompt_ids
 from rlx.judgers import get as get_judger
@@ -174,13 +175,12 @@ def build(config: RLTrainerConfig) -> dict:
         "vocab_size": len(tokenizer),
     }
     save(model, tokenizer, cfg.output_dir)
-    cfg.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    cfg.metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
+    write_text(json.dumps(metrics, indent=2) + "\n", cfg.metrics_path)
     return metrics
 
 
 def save(model, tokenizer, output_dir: Path) -> None:
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir, safe_serialization=True)
-    tokenizer.save_pretrained(output_dir)
+    """The model folder, written whole under a temporary name first."""
+    with atomic_dir(Path(output_dir)) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)

@@ -15,8 +15,8 @@ from rlx.config import JudgerConfig, SampleParams
 from rlx.data import load_rows, prompt_ids
 from rlx.engines import load_policy
 from rlx.judgers import Panel
+from rlx.judgers.rows import judge_rows
 from rlx.rollout.transformers_backend import generate
-from rlx.stages.judge import judge_rows
 
 RESPONSES = 1024
 

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from rlx import faults
+from rlx import faults, seeds
 from rlx.artifacts import read_json, write_json
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError, first_line
@@ -99,7 +99,7 @@ def is_complete(name: str, step: int, engines) -> bool:
 def reseed(config: RLTrainerConfig, name: str, step: int) -> None:
     """Seed every RNG from (seed, step, stage), so a stage draws the same numbers whatever ran before it in
     this process: a resumed run, which did not run the earlier stages, must match an uninterrupted one."""
-    seed = ((config.seed * 1_000_003 + step) * len(STAGES) + STAGES.index(name)) % 2**32
+    seed = (seeds.derive(config.seed, step) * len(STAGES) + STAGES.index(name)) % 2**32
     random.seed(seed)
     torch.manual_seed(seed)
 

@@ -35,7 +35,7 @@ def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    if not is_due(config, step, engines.total_steps):
+    if step and not is_due(config, step, engines.recorded_length(step)):  # step 0 is always due
         return {"checkpoint/saved": 0}
     paths = engines.layout.step(step)
     if step == 0:

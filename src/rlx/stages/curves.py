@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
-import os
+import io
 from collections.abc import Callable, Iterable
 
-from rlx.artifacts import read_json
+from rlx.artifacts import read_json, write_text
 from rlx.layout import RunLayout
 
 
@@ -29,11 +29,9 @@ def write_curve(
         numeric = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not k.startswith("time/")}
         rows.append({"step": step, **numeric})
     target = layout.curves / f"{name}.csv"
-    target.parent.mkdir(parents=True, exist_ok=True)
     columns = sorted({key for row in rows for key in row} - {"step"})
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["step", *columns])
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, target)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=["step", *columns])
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(text.getvalue(), target)

@@ -19,9 +19,9 @@ from rlx.artifacts import write_rows
 from rlx.config import JudgerItemConfig, RLTrainerConfig
 from rlx.data import load_rows, prompt_ids
 from rlx.judgers import Panel
+from rlx.judgers.rows import judge_rows
 from rlx.rollout import Sampler
 from rlx.stages.curves import write_curve
-from rlx.stages.judge import judge_rows
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -142,7 +142,7 @@ def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     samples, metrics = [], {"eval/evaluated": 0}
-    if is_due(config, step, engines.total_steps):
+    if is_due(config, step, engines.recorded_length(step) if step else 0):  # base: before any prepare
         samples, metrics = evaluate_policy(config, engines.sampler(step), engines.tokenizer, step)
         metrics["eval/evaluated"] = 1
     write_rows(samples, paths.eval_samples, schema=SAMPLE_SCHEMA)

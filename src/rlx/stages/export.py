@@ -21,7 +21,7 @@ def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths, layout = engines.layout.step(step), engines.layout
     record = {"step": step, "exported": False}
-    if is_due(config, step, engines.total_steps):
+    if is_due(config, step, engines.recorded_length(step)):
         target = engines.write_policy(step, layout.hf_export(step))
         files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(target.iterdir())}
         record.update(exported=True, path=str(target), files=files)

@@ -2,60 +2,28 @@
 
 Output ``step-N/judged.parquet``, one row per response in rollout order: ``step, group, sample,
 reward`` (the weighted total plus any overlong penalty), ``scores`` (each judger's, as JSON),
-``extracted, correct, error, overlong_penalty``.
+``extracted, correct, error, overlong_penalty``. With dynamic sampling the rollout stage has judged
+the responses already (to filter groups) and kept its verdicts in ``rollouts.parquet``: they are
+reused, so the filter and the update see the same rewards.
 """
 
 from __future__ import annotations
 
-import json
-
 import torch
 
-from rlx.algo.shaping import overlong_penalty
 from rlx.artifacts import read_rows, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
-
-TOKEN_COLUMNS = ("prompt_ids", "response_ids", "rollout_logprobs")
-
-
-def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
-    """Judge each row's response; returns the judgment columns, in order. Judgers see the row's
-    fields (without the token columns)."""
-    items = [
-        (
-            row[text_key],
-            row["data_source"],
-            row["ground_truth"],
-            {k: v for k, v in row.items() if k not in TOKEN_COLUMNS},
-        )
-        for row in rows
-    ]
-    return [
-        {
-            "reward": verdict.reward,
-            "scores": json.dumps(verdict.scores),
-            "extracted": verdict.extracted,
-            "correct": verdict.correct,
-            "error": verdict.error,
-            "overlong_penalty": 0.0,
-        }
-        for verdict in panel.judge_many(items)
-    ]
+from rlx.judgers.rows import VERDICT, judge_rollouts
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     rollouts = read_rows(paths.rollouts)
-    judged = judge_rows(Panel(config.judger_config), rollouts, "response_text")
-    buffer = config.judger_config.overlong_buffer
-    if buffer.enable:
-        lengths = torch.tensor([row["response_len"] for row in rollouts])
-        max_tokens = config.dataflow_config.sample_params.max_tokens
-        penalties = overlong_penalty(lengths, max_tokens, buffer.len, buffer.penalty_factor).tolist()
-        for row, penalty in zip(judged, penalties, strict=True):
-            row["reward"] += penalty
-            row["overlong_penalty"] = penalty
+    if VERDICT in rollouts[0]:  # judged already, by the filter that kept these groups
+        judged = [row.pop(VERDICT) for row in rollouts]
+    else:
+        judged = judge_rollouts(config, Panel(config.judger_config), rollouts)
     rows = [
         {"step": step, "group": r["group"], "sample": r["sample"], **j} for r, j in zip(rollouts, judged, strict=True)
     ]

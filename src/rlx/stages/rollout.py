@@ -1,7 +1,8 @@
 """Stage ``rollout``: ``prompt_repeat_k`` responses per prompt group from the previous step's policy.
 
 With ``dataflow_config.enable_dynamic_sampling``, groups whose responses all score the same are
-dropped and replaced from the step's reserve prompts, up to ``max_retry_times`` extra batches.
+dropped and replaced from the step's reserve prompts, up to ``max_retry_times`` extra batches; the
+rows then carry their verdicts (column ``judgment``), which the judge stage reuses.
 
 Output ``step-N/rollouts.parquet``, one row per response, ordered group by group: ``step, group,
 sample, data_source, ground_truth, prompt_ids, response_ids, response_text, rollout_logprobs,
@@ -12,16 +13,17 @@ from __future__ import annotations
 
 import time
 
+from rlx import seeds
 from rlx.artifacts import read_rows, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
-from rlx.stages.judge import judge_rows
+from rlx.judgers.rows import VERDICT, judge_rollouts
 
 
 def sampling_seed(config: RLTrainerConfig, step: int) -> int:
     """Each step samples with its own seed, fixed by the run's seed: a rerun draws the same responses."""
     params = config.dataflow_config.sample_params
-    return (params.seed if params.seed is not None else config.seed) * 1_000_003 + step
+    return seeds.derive(params.seed if params.seed is not None else config.seed, step)
 
 
 def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict], seed: int) -> list[dict]:
@@ -53,11 +55,14 @@ def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict
     return rows
 
 
-def informative_groups(rows: list[dict], k: int, panel: Panel) -> list[list[dict]]:
-    """The groups whose rewards are not all equal: the only ones that carry a gradient (DAPO)."""
-    rewards = [verdict["reward"] for verdict in judge_rows(panel, rows, "response_text")]
+def informative_groups(config: RLTrainerConfig, rows: list[dict], panel: Panel) -> list[list[dict]]:
+    """The groups whose rewards (as the judge stage gives them, overlong penalty included) are not all
+    equal: the only ones that carry a gradient (DAPO). Each row keeps its verdict for the judge stage."""
+    k = config.dataflow_config.prompt_repeat_k
+    for row, verdict in zip(rows, judge_rollouts(config, panel, rows), strict=True):
+        row[VERDICT] = verdict
     groups = [rows[i : i + k] for i in range(0, len(rows), k)]
-    return [group for i, group in enumerate(groups) if len(set(rewards[i * k : (i + 1) * k])) > 1]
+    return [group for group in groups if len({row[VERDICT]["reward"] for row in group}) > 1]
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
@@ -71,11 +76,11 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     if flow.enable_dynamic_sampling:
         # Dynamic sampling (DAPO, Yu et al., 2025): keep informative groups, refill from the reserve.
         panel = Panel(config.judger_config)
-        kept = informative_groups(rows, flow.prompt_repeat_k, panel)
+        kept = informative_groups(config, rows, panel)
         while len(kept) < flow.global_batch_size and generated < len(batches):
             extra = sample_groups(config, step, engines, batches[generated], sampling_seed(config, step) + generated)
             tokens += sum(row["response_len"] for row in extra)
-            kept += informative_groups(extra, flow.prompt_repeat_k, panel)
+            kept += informative_groups(config, extra, panel)
             generated += 1
         if kept:  # with none at all, train on the first batch: its advantages are 0, the update a no-op
             rows = [row for group in kept[: flow.global_batch_size] for row in group]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from rlx import distributed, faults
+from rlx import distributed, faults, launcher
 from rlx.algo import advantages as adv
 from rlx.algo import kl as kl_estimators
 from rlx.algo.correction import importance_weights, mismatch_metrics
@@ -220,7 +220,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     """Update the policy of step - 1 with the step's judged rollouts; record the update's numbers and
     the new weights' fingerprint (the weights themselves are the checkpoint stage's)."""
     if config.resources.num_workers > 1 and not distributed.launched():
-        return distributed.launch_stage("train", config, step, engines.layout.step(step).dir)
+        return launcher.launch_stage("train", config, step, engines.layout.step(step).dir)
     missing = [
         p.name for p in (engines.layout.step(step).rollouts, engines.layout.step(step).judged) if not p.is_file()
     ]
@@ -269,9 +269,30 @@ def replay(config: RLTrainerConfig, trainer, steps: range, engines) -> None:
             )
 
 
+@dataclass
+class Scored:
+    """A step's batch made ready for the update: its micro-batches, carrying their advantages."""
+
+    rollouts: list[dict]
+    minis: list[list[Micro]]
+    rewards: torch.Tensor  # what the advantages were computed from
+    kl: torch.Tensor | None  # per response, when use_kl_in_reward
+    advantages: torch.Tensor
+    extra: dict  # the KL-in-reward metrics
+    timings: dict
+
+
 def update(config: RLTrainerConfig, step: int, engines, trainer) -> tuple[dict, list[dict]]:
-    """The step's policy update, in place on ``trainer``: its metrics and, per response, the numbers
-    it used (``update.parquet``)."""
+    """The step's policy update, in place on ``trainer``, at its seams: score the batch, update, report.
+    Returns its metrics and, per response, the numbers it used (``update.parquet``)."""
+    scored = score_batch(config, step, engines, trainer)
+    metrics = apply_updates(config, step, scored.minis, trainer, scored.timings)
+    return report(config, scored, metrics)
+
+
+def score_batch(config: RLTrainerConfig, step: int, engines, trainer) -> Scored:
+    """The step's judged rollouts as micro-batches with old and reference log-probs, shaped rewards,
+    advantages and (under rollout correction) importance weights."""
     paths = engines.layout.step(step)
     rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
     started = time.perf_counter()
@@ -288,20 +309,27 @@ def update(config: RLTrainerConfig, step: int, engines, trainer) -> tuple[dict, 
     )
     every = [m for micros in minis for m in micros]
     attach_weights(config.train_worker_cfg.loss_cfg.rollout_correction, every, advantages)
-    metrics = apply_updates(config, step, minis, trainer, timings)
-    kept = [m for m in every if m.weight]
+    return Scored(rollouts, minis, rewards, kl, advantages, extra, timings)
+
+
+def report(config: RLTrainerConfig, scored: Scored, metrics: dict) -> tuple[dict, list[dict]]:
+    """The update's metrics completed (rollout/train mismatch, advantages, throughput) and its
+    per-response numbers."""
+    kept = [m for micros in scored.minis for m in micros if m.weight]
     mismatch = mismatch_metrics(
         all_ranks(m.old_logp for m in kept),
         all_ranks(m.rollout_logp for m in kept),
         all_ranks(m.batch.mask for m in kept),
     )
+    rollouts, timings = scored.rollouts, scored.timings
     tokens = sum(row["prompt_len"] + row["response_len"] for row in rollouts)
     busy = timings["time/train/forward_backward"] + timings["time/train/optimizer"]
-    metrics.update(mismatch | extra | timings)
-    metrics.update({"train/advantages/abs_mean": advantages.abs().mean().item(), "train/tokens": tokens})
+    metrics.update(mismatch | scored.extra | timings)
+    metrics.update({"train/advantages/abs_mean": scored.advantages.abs().mean().item(), "train/tokens": tokens})
     metrics["train/world_size"] = distributed.world_size()
     metrics["perf/train_tokens_per_s"] = tokens / busy
-    return metrics, per_response_numbers(config, rewards, kl, advantages, kept, len(rollouts))
+    numbers = per_response_numbers(config, scored.rewards, scored.kl, scored.advantages, kept, len(rollouts))
+    return metrics, numbers
 
 
 def shaped_rewards(config: RLTrainerConfig, minis, judged: list[dict], trainer):

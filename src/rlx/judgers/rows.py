@@ -1,0 +1,56 @@
+"""Judging artifact rows: the judgment columns of each row, as ``judged.parquet`` and
+``eval_samples.parquet`` hold them. Used by the judge stage, by the rollout stage's dynamic-sampling
+filter (whose verdicts the judge stage then reuses) and by evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from rlx.algo.shaping import overlong_penalty
+from rlx.config import RLTrainerConfig
+from rlx.judgers import Panel
+
+TOKEN_COLUMNS = ("prompt_ids", "response_ids", "rollout_logprobs")
+VERDICT = "judgment"  # rollouts.parquet's column of the filter's verdicts, when dynamic sampling judged them
+
+
+def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
+    """Judge each row's response; returns the judgment columns, in order. Judgers see the row's
+    fields (without the token columns)."""
+    items = [
+        (
+            row[text_key],
+            row["data_source"],
+            row["ground_truth"],
+            {k: v for k, v in row.items() if k not in TOKEN_COLUMNS},
+        )
+        for row in rows
+    ]
+    return [
+        {
+            "reward": verdict.reward,
+            "scores": json.dumps(verdict.scores),
+            "extracted": verdict.extracted,
+            "correct": verdict.correct,
+            "error": verdict.error,
+            "overlong_penalty": 0.0,
+        }
+        for verdict in panel.judge_many(items)
+    ]
+
+
+def judge_rollouts(config: RLTrainerConfig, panel: Panel, rollouts: list[dict]) -> list[dict]:
+    """The judgment columns of rollout rows, with DAPO's overlong penalty added to the reward when
+    ``judger_config.overlong_buffer`` is on: the reward that training uses."""
+    judged = judge_rows(panel, rollouts, "response_text")
+    buffer = config.judger_config.overlong_buffer
+    if buffer.enable:
+        lengths = torch.tensor([row["response_len"] for row in rollouts])
+        max_tokens = config.dataflow_config.sample_params.max_tokens
+        penalties = overlong_penalty(lengths, max_tokens, buffer.len, buffer.penalty_factor).tolist()
+        for row, penalty in zip(judged, penalties, strict=True):
+            row["reward"] += penalty
+            row["overlong_penalty"] = penalty
+    return judged

@@ -1,0 +1,29 @@
+"""One rank of a launched stage: ``python -m rlx.rank STAGE CONFIG STEP RESULT``.
+
+:mod:`rlx.launcher` starts one such process per rank. Each runs the stage's own ``run`` (the one
+`rlx stage` runs), and rank 0 writes the stage's metrics to ``RESULT`` for the launching process.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rlx.artifacts import write_json
+from rlx.config import load
+from rlx.distributed import is_main
+from rlx.engines import Engines
+from rlx.stages import module
+from rlx.stages.train import replay
+
+
+def main(argv: list[str]) -> None:
+    name, config_path, step, result = argv
+    config = load(Path(config_path))
+    metrics = module(name).run(config, int(step), Engines(config, replay))
+    if is_main():
+        write_json(metrics, Path(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
