@@ -11,7 +11,7 @@ from rlx import config as rlx_config
 from rlx import dvcdeps
 from rlx.layout import STAGES
 
-DRIVERS = {"rlx.cli", "rlx.__main__", "rlx.fit", "rlx.explore", "rlx.rank"}  # above the stages
+DRIVERS = {"rlx.cli", "rlx.__main__", "rlx.api", "rlx.fit", "rlx.explore", "rlx.rank"}  # above the stages
 
 
 def all_modules() -> set[str]:

@@ -140,8 +140,9 @@ def stage(
     """Run one pipeline stage for the step in params.yaml's `run.step` (`run.checkpoint` for the
     checkpoint stage): what dvc.yaml calls."""
     from rlx.dvcdeps import undeclared_datasets
-    from rlx.engines import Engines, check_setup
+    from rlx.engines import Engines
     from rlx.layout import STAGES
+    from rlx.preflight import check_setup
     from rlx.stages import run_stage
     from rlx.stages.train import replay
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -69,37 +68,6 @@ def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
             f"tokenizer_path {tokenizer_path}: the tokenizer has {len(tokenizer)} tokens but the model in "
             f"load_from {model_path} embeds only {vocab_size} (vocab_size); use the tokenizer the model was "
             "trained with"
-        )
-
-
-def check_setup(config: RLTrainerConfig) -> None:
-    """Refuse (or warn about, once) settings this machine or backend cannot act on, before a run starts:
-    ``resources.accelerator`` against the devices torch sees, the hostfile's slots against
-    ``num_workers``, LMDeploy-only rollout fields under another backend."""
-    from rlx.distributed import hostfile_slots
-    from rlx.rollout import ignored_settings
-
-    resources, cuda = config.resources, torch.cuda.is_available()
-    if resources.accelerator == "GPU" and not cuda:
-        raise UserError("resources.accelerator 'GPU': torch sees no CUDA device here; set it to 'CPU' or run on a GPU")
-    if resources.accelerator == "CPU" and cuda:
-        warnings.warn(
-            "resources.accelerator is 'CPU' but a CUDA GPU is visible, and rlx samples and trains on it; "
-            "set resources.accelerator: GPU (or hide the GPU with CUDA_VISIBLE_DEVICES=)",
-            stacklevel=2,
-        )
-    if resources.hostfile is not None:
-        slots = hostfile_slots(resources.hostfile)
-        if resources.num_workers == 1 or slots != resources.num_workers:
-            raise UserError(
-                f"resources.hostfile {resources.hostfile} provides {slots} slots but resources.num_workers is "
-                f"{resources.num_workers}; a hostfile launches num_workers > 1 ranks, one per slot: make them equal"
-            )
-    if ignored := ignored_settings(config.rollout_config):
-        warnings.warn(
-            f"{', '.join(ignored)}: read by the lmdeploy backend only, ignored with rollout_config.backend "
-            f"{config.rollout_config.backend!r}; remove them",
-            stacklevel=2,
         )
 
 

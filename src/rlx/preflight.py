@@ -1,7 +1,7 @@
 """What `rlx fit` checks before it writes anything: a run refused for a bad input leaves params.yaml,
 the work_dir and the DVC record as they were.
 
-Besides what this machine and backend can act on (``engines.check_setup``), three kinds of check:
+Besides what this machine and backend can act on (:func:`check_setup`), three kinds of check:
 the inputs the run reads but does not make (datasets, model, tokenizer) are readable; the run's
 folder overlaps no other stage's output; and a resumed run still has the configuration its steps
 were made with (a step's record must say what it used).
@@ -9,8 +9,10 @@ were made with (a step's record must say what it used).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+import torch
 import yaml
 
 from rlx.config import RLTrainerConfig, RunPointer
@@ -24,12 +26,41 @@ CONVERTED_SETS = [Path("data/gsm8k/train.parquet"), Path("data/gsm8k/test.parque
 
 
 def check(config: RLTrainerConfig) -> None:
-    from rlx.engines import check_setup
-
     check_setup(config)
     check_overlaps(config)
     check_inputs(config)
     check_unchanged(config, RunLayout(config.work_dir))
+
+
+def check_setup(config: RLTrainerConfig) -> None:
+    """Refuse (or warn about, once) settings this machine or backend cannot act on, before a run starts:
+    ``resources.accelerator`` against the devices torch sees, the hostfile's slots against
+    ``num_workers``, LMDeploy-only rollout fields under another backend."""
+    from rlx.launcher import hostfile_slots
+    from rlx.rollout import ignored_settings
+
+    resources, cuda = config.resources, torch.cuda.is_available()
+    if resources.accelerator == "GPU" and not cuda:
+        raise UserError("resources.accelerator 'GPU': torch sees no CUDA device here; set it to 'CPU' or run on a GPU")
+    if resources.accelerator == "CPU" and cuda:
+        warnings.warn(
+            "resources.accelerator is 'CPU' but a CUDA GPU is visible, and rlx samples and trains on it; "
+            "set resources.accelerator: GPU (or hide the GPU with CUDA_VISIBLE_DEVICES=)",
+            stacklevel=2,
+        )
+    if resources.hostfile is not None:
+        slots = hostfile_slots(resources.hostfile)
+        if resources.num_workers == 1 or slots != resources.num_workers:
+            raise UserError(
+                f"resources.hostfile {resources.hostfile} provides {slots} slots but resources.num_workers is "
+                f"{resources.num_workers}; a hostfile launches num_workers > 1 ranks, one per slot: make them equal"
+            )
+    if ignored := ignored_settings(config.rollout_config):
+        warnings.warn(
+            f"{', '.join(ignored)}: read by the lmdeploy backend only, ignored with rollout_config.backend "
+            f"{config.rollout_config.backend!r}; remove them",
+            stacklevel=2,
+        )
 
 
 def made_by_the_pipeline(config: RLTrainerConfig) -> list[Path]:
