@@ -3,11 +3,15 @@ and the terminal views built on the same loaders."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from unittest import mock
+
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import ROOT, make_project
+from conftest import ROOT, child_env, make_project
 from rlx.cli import main
 from rlx.explore import Run, compare
 from rlx.fit import fit
@@ -23,28 +27,27 @@ def runs(tmp_path_factory, tiny_model):
     return project / "runs" / "demo", project / "runs" / "other"
 
 
-@pytest.mark.parametrize("name", ["explore_rollouts", "rewards", "training_curves"])
-def test_notebook_runs_top_to_bottom_and_draws(name, runs, tmp_path):
+def execute(name: str, parameters: str, folder: Path) -> None:
+    """Run notebook ``name`` top to bottom with its parameters cell replaced; it must draw and not fail."""
     book = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), "stored with outputs"
-    parameters = next(cell for cell in book.cells if "parameters" in cell.metadata.get("tags", []))
-    parameters.source = f"RUN = {str(runs[0])!r}\nRUN_B = {str(runs[1])!r}\nSTEP = None"
-    NotebookClient(book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    next(cell for cell in book.cells if "parameters" in cell.metadata.get("tags", [])).source = parameters
+    client = NotebookClient(book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}})
+    with mock.patch.dict(os.environ, child_env(), clear=True):  # the kernel starts DeepSpeed's rendezvous afresh
+        client.execute()
     outputs = [output for cell in book.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
+
+
+@pytest.mark.parametrize("name", ["explore_rollouts", "rewards", "training_curves"])
+def test_notebook_runs_top_to_bottom_and_draws(name, runs, tmp_path):
+    execute(name, f"RUN = {str(runs[0])!r}\nRUN_B = {str(runs[1])!r}\nSTEP = None", tmp_path)
 
 
 def test_quickstart_starts_a_run_from_python_and_opens_it(tiny_model, tmp_path):
     project = make_project(tmp_path, tiny_model)
-    book = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
-    assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), "stored with outputs"
-    parameters = next(cell for cell in book.cells if "parameters" in cell.metadata.get("tags", []))
-    parameters.source = f"PROJECT = {str(project)!r}"
-    NotebookClient(book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    outputs = [output for cell in book.cells if cell.cell_type == "code" for output in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
+    execute("quickstart", f"PROJECT = {str(project)!r}", tmp_path)
     assert Run(project / "runs" / "quickstart").steps() == [1, 2]
 
 
