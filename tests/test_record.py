@@ -30,7 +30,7 @@ sys.argv = ["rlx", "fit", sys.argv[1]]
 try:
     main()
 finally:
-    print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules, flush=True)
+    print(os.environ.get("GOMP_SPINCOUNT"), "torch" in sys.modules, flush=True)
 """
 
 
@@ -57,10 +57,10 @@ def test_recorder_dies_with_a_killed_run():
     pytest.fail(f"the recorder {worker} outlived its killed run")
 
 
-def test_rlx_fit_makes_openmp_threads_sleep_unless_told_otherwise(tmp_path):
-    """`rlx fit` sets the policy before torch loads; the fit itself fails here (no params file)."""
-    env = {k: v for k, v in child_env().items() if k != "OMP_WAIT_POLICY"}
+def test_rlx_fit_shortens_openmp_spinning_unless_told_otherwise(tmp_path):
+    """`rlx fit` sets the spin count before torch loads; the fit itself fails here (no params file)."""
+    env = {k: v for k, v in child_env().items() if k != "GOMP_SPINCOUNT"}
     read = [sys.executable, "-c", READ_POLICY, str(tmp_path / "missing.yaml")]
-    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("PASSIVE True")
-    env["OMP_WAIT_POLICY"] = "ACTIVE"
-    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("ACTIVE True")
+    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("30000 True")
+    env["GOMP_SPINCOUNT"] = "1000"
+    assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("1000 True")
