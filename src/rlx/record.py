@@ -111,7 +111,7 @@ def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> 
 
 def recorded_md5(lock: Path, path: Path) -> str | None:
     """The md5 a step's lock copy (gzip) recorded for ``path`` as a dependency of any stage, or None."""
-    stages = yaml.load(gzip.decompress(lock.read_bytes()), Loader=yaml.CSafeLoader).get("stages", {})
+    stages = yaml.CSafeLoader(gzip.decompress(lock.read_bytes())).get_single_data().get("stages", {})
     wanted = Path(path).as_posix()
     for stage in stages.values():
         for dep in stage.get("deps", []):
