@@ -249,6 +249,10 @@ ROWS = [
         "{params}: invalid configuration: seed: must fit in 64 bits (below 2^63 in size); got 100000000000000000000000"),
     Row("infinite float", ["config", "show", "{params}", "-S", "train_worker_cfg.optim_cfg.lr=.inf"],
         "{params}: invalid configuration: train_worker_cfg.optim_cfg.lr: Input should be a finite number; got inf"),
+    Row("reward weight past any real reward", ["config", "show", "{params}", "-S",
+                                                "judger_config.reward_judger_configs.0.weight=1e300"],
+        "{params}: invalid configuration: judger_config.reward_judger_configs.0.weight: Input should be less than "
+        "or equal to 1000000; got 1e+300"),
     Row("wrong type in a column", [*PREPARE, *OWN_DATA],
         "{d}/rows.jsonl: row 2: 'prompt' must be a non-empty list of {{role, content}} messages, got 'What is 2 + 2?'",
         files={"rows.jsonl": GOOD_ROW * 2 + GOOD_ROW.replace('[{"role": "user", "content": "What is 2 + 2?"}]',
@@ -328,23 +332,28 @@ def test_too_long_prompts_are_dropped_and_counted(inputs, tmp_path, capsys):
     assert metrics["prompts/pool_size"] == 400 - metrics["prompts/dropped_too_long"]
 
 
-def test_a_judger_that_raises_or_hangs_scores_zero_and_is_counted(inputs, tmp_path, capsys):
-    """The run goes on: each failure is a reward of 0, its error is kept per response and counted."""
-    rollouts_of("bug", "slow")(tmp_path, inputs)
+def test_a_judger_that_raises_hangs_or_scores_nonsense_scores_zero_and_is_counted(inputs, tmp_path, capsys):
+    """The run goes on: each failure is a reward of 0, its error is kept per response and counted. A NaN
+    would skip every update and an infinity zero the advantages, so they are failures too."""
+    functions = {"bug": "broken", "slow": "sleepy", "nan": "not_a_number", "inf": "infinite", "huge": "absurd"}
+    rollouts_of(*functions)(tmp_path, inputs)
     judgers = [
-        {"judger_name": "custom", "data_source": ["bug"], "options": {"function": "helpers.judges:broken"}},
-        {"judger_name": "custom", "data_source": ["slow"], "options": {"function": "helpers.judges:sleepy"}},
+        {"judger_name": "custom", "data_source": [source], "options": {"function": f"helpers.judges:{function}"}}
+        for source, function in functions.items()
     ]
     argv = ["stage", "judge", str(inputs["params"]), "-S", f"work_dir={tmp_path / 'run'}", "-S",
             f"judger_config.reward_judger_configs={json.dumps(judgers)}", "-S", "judger_config.timeout=3",
             "-S", "dataflow_config.prompt_repeat_k=1", "-S", "advantage_estimator_config.type=reinforce_plus_plus"]  # fmt: skip
     code, out, _ = run_cli(argv, capsys)
-    assert code == 0 and json.loads(out)["judge/errors"] == 2
+    assert code == 0 and json.loads(out)["judge/errors"] == 5
     judged = read_rows(tmp_path / "run" / "step-1" / "judged.parquet")
-    assert [row["reward"] for row in judged] == [0.0, 0.0]
+    assert [row["reward"] for row in judged] == [0.0] * 5
     assert [row["error"] for row in judged] == [
         "custom: RuntimeError: judger bug",
         "custom: timeout: no score within 3.0 s",
+        "custom: ValueError: returned nan, not a finite score within +-1e+06",
+        "custom: ValueError: returned -inf, not a finite score within +-1e+06",
+        "custom: ValueError: returned 1e+308, not a finite score within +-1e+06",
     ]
 
 

@@ -297,7 +297,9 @@ class JudgerItemConfig(Section):
 
     judger_name: str = Field(..., min_length=1, description="A registered judger, e.g. `arith` or `gsm8k`.")
     data_source: list[str] = Field(default_factory=list, description="Rows it scores; empty means its own name.")
-    weight: float = Field(1.0, description="Weight in the total reward.")
+    weight: float = Field(
+        1.0, ge=-1e6, le=1e6, description="Weight in the total reward (within +-1e6, so the total stays finite)."
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="Judger-specific options.")
 
 
@@ -310,7 +312,7 @@ class OverlongBufferConfig(Section):
         gt=0,
         description="The last this many tokens before max_tokens ramp the penalty to -factor (DAPO: 4096 of 20480).",
     )
-    penalty_factor: float = Field(1.0, ge=0, description="The penalty at max_tokens, negated (DAPO: 1.0).")
+    penalty_factor: float = Field(1.0, ge=0, le=1e6, description="The penalty at max_tokens, negated (DAPO: 1.0).")
 
 
 class JudgerConfig(Section):
@@ -489,7 +491,7 @@ class KLControlConfig(Section):
     """The KL-in-reward coefficient: fixed, or adaptive towards a target KL (Ziegler et al., 2019)."""
 
     type: Literal["fixed", "adaptive"] = Field("fixed", description="adaptive: Ziegler et al., arXiv 1909.08593.")
-    kl_coef: float = Field(0.001, ge=0, description="The coefficient (adaptive: its starting value).")
+    kl_coef: float = Field(0.001, ge=0, le=1e6, description="The coefficient (adaptive: its starting value).")
     target_kl: float = Field(0.1, gt=0, description="The KL per response the adaptive coefficient steers to.")
     horizon: int = Field(10000, gt=0, description="Samples over which the adaptive coefficient may move 20 %.")
 

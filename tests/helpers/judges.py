@@ -28,3 +28,15 @@ def wordy(prompt, response, gold, row):
 
 def length(prompt, response, gold, row):
     return float(len(response))
+
+
+def not_a_number(prompt, response, gold, row):
+    return float("nan")
+
+
+def infinite(prompt, response, gold, row):
+    return {"score": float("-inf")}
+
+
+def absurd(prompt, response, gold, row):
+    return 1e308

@@ -7,7 +7,9 @@ kept in the judged artifact so a notebook can show why a response scored what it
 :class:`Panel` applies the configured judgers to many responses: cheap ones in this process, the
 others (``math``, ``custom``) in worker processes, each call under ``judger_config.timeout`` (in
 this process in a thread with a deadline, :mod:`rlx.judgers.deadline`), and a reward model in batches. A judger that
-raises, returns a non-number or runs out of time scores 0; the error is kept and counted. Judgers see
+raises, runs out of time, or returns a non-number, NaN, an infinity or a score beyond ``SCORE_LIMIT``
+scores 0; the error is kept and counted (a NaN reward would skip every update, an infinite one zero
+the advantages, and neither would show as an error). Judgers see
 at most the last ``judger_config.max_response_chars`` characters of a response.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import math
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -29,6 +32,7 @@ from rlx.judgers.math import MathJudger
 from rlx.judgers.numeric import NumericAnswerJudger
 from rlx.judgers.reward_model import RewardModelJudger
 
+SCORE_LIMIT = 1e6  # larger than any real reward (reward-model logits included): beyond it, a judger's bug
 _FACTORIES: dict[str, Callable] = {
     "arith": lambda **options: NumericAnswerJudger(**{"strict": True, **options}),
     "gsm8k": NumericAnswerJudger,
@@ -55,27 +59,43 @@ def get(name: str, **options):
 def score_batch(judger, responses: list[str], golds: list[str], rows: list[dict] | None = None) -> list[float]:
     """Scores of many responses with one judger (errors raise: this is the plain API)."""
     rows = rows or [None] * len(responses)
-    return [judger.score(r, g, row) for r, g, row in zip(responses, golds, rows, strict=True)]
+    return [checked(judger.score(r, g, row)) for r, g, row in zip(responses, golds, rows, strict=True)]
+
+
+def checked(score) -> float:
+    """``score`` as a float, or ValueError/TypeError when it is not one a reward can be."""
+    if isinstance(score, bool) or not isinstance(score, int | float):
+        raise TypeError(f"returned {score!r}, not a number")
+    if not math.isfinite(score) or abs(score) > SCORE_LIMIT:
+        raise ValueError(f"returned {score!r}, not a finite score within +-{SCORE_LIMIT:g}")
+    return float(score)
 
 
 def safe_score(judger, response: str, gold: str, row: dict | None) -> tuple[float, str | None, str | None]:
-    """(score, extracted answer, error): never raises, a non-number is an error."""
+    """(score, extracted answer, error): never raises; a score ``checked`` refuses is an error."""
     try:
-        score = judger.score(response, gold, row)
-        if isinstance(score, bool) or not isinstance(score, int | float):
-            raise TypeError(f"returned {score!r}, not a number")
-        return float(score), judger.extract(response), None
+        return checked(judger.score(response, gold, row)), judger.extract(response), None
     except Exception as exc:  # noqa: BLE001 - a judger's bug must not end the run: count it instead
         return 0.0, None, f"{type(exc).__name__}: {exc}"
 
 
 def batch_scores(judger, items: list[tuple]) -> list[tuple[float, str | None, str | None]]:
-    """``safe_score`` for a batched judger (a reward model): one failure scores the whole batch 0."""
+    """``safe_score`` for a batched judger (a reward model): a failure of the call scores the whole
+    batch 0, a bad score only its own response."""
     try:
-        scores = judger.score_batch([i[0] for i in items], [i[2] for i in items], [i[3] for i in items])
-        return [(float(score), None, None) for score in scores]
+        scores = list(judger.score_batch([i[0] for i in items], [i[2] for i in items], [i[3] for i in items]))
     except Exception as exc:  # noqa: BLE001 - a judger's failure must not end the run: count it instead
         return [(0.0, None, f"{type(exc).__name__}: {exc}")] * len(items)
+    if len(scores) != len(items):
+        return [(0.0, None, f"ValueError: returned {len(scores)} scores for {len(items)} responses")] * len(items)
+    return [one_batch_score(score) for score in scores]
+
+
+def one_batch_score(score) -> tuple[float, None, str | None]:
+    try:
+        return checked(score), None, None
+    except (TypeError, ValueError) as exc:
+        return 0.0, None, f"{type(exc).__name__}: {exc}"
 
 
 @dataclass

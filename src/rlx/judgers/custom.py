@@ -1,7 +1,8 @@
 """A judger of the user's own: any callable named ``package.module:function``.
 
 It is called as ``function(prompt=..., response=..., gold=..., row=...)`` and returns a number, or a
-dict with a ``score`` number (other keys are ignored); it may be ``async``. Only what the config names
+dict with a ``score`` number (other keys are ignored); it may be ``async``. A score that is not a
+finite number within ``rlx.judgers.SCORE_LIMIT`` is the judger's error (scored 0 and counted). Only what the config names
 is ever imported: model output is never evaluated as code.
 """
 
@@ -46,8 +47,4 @@ class CustomJudger:
         result = function(prompt=prompt, response=response, gold=gold, row=row)
         if inspect.isawaitable(result):
             result = asyncio.run(result)
-        if isinstance(result, dict):
-            result = result.get("score")
-        if isinstance(result, bool) or not isinstance(result, int | float):
-            raise TypeError(f"returned {result!r}, not a number")
-        return float(result)
+        return result.get("score") if isinstance(result, dict) else result  # checked by the caller
