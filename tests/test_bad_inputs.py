@@ -250,7 +250,7 @@ ROWS = [
     Row("infinite float", ["config", "show", "{params}", "-S", "train_worker_cfg.optim_cfg.lr=.inf"],
         "{params}: invalid configuration: train_worker_cfg.optim_cfg.lr: Input should be a finite number; got inf"),
     Row("reward weight past any real reward", ["config", "show", "{params}", "-S",
-                                                "judger_config.reward_judger_configs.0.weight=1e300"],
+                                                "judger_config.reward_judger_configs.0.weight=1.0e+300"],
         "{params}: invalid configuration: judger_config.reward_judger_configs.0.weight: Input should be less than "
         "or equal to 1000000; got 1e+300"),
     Row("wrong type in a column", [*PREPARE, *OWN_DATA],

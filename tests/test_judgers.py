@@ -11,7 +11,7 @@ import pytest
 from conftest import DATA, PARAMS, ROOT
 from rlx.config import JudgerConfig, load, preset_overrides
 from rlx.errors import UserError
-from rlx.judgers import Panel, available, get, score_batch
+from rlx.judgers import Panel, available, batch_scores, get, score_batch
 from rlx.judgers.math import last_boxed
 from rlx.judgers.numeric import to_number
 from rlx.judgers.rows import judge_rows
@@ -323,6 +323,27 @@ def test_a_judger_that_raises_hangs_or_returns_nonsense_scores_zero_and_is_count
     assert verdicts[3].error is None
     # the panel still works after killing the stuck worker
     assert judges.judge("x", "bug", "1").reward == 0.0
+
+
+class Batched:
+    """A batched judger (as the reward model is) whose scores are given."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def score_batch(self, responses, golds, rows):
+        return self.scores
+
+
+def test_a_batched_judger_s_bad_score_costs_only_its_own_response():
+    outcomes = batch_scores(Batched([1.5, float("nan"), 2e6, -3]), [("r", "s", "g", None)] * 4)
+    assert [score for score, _, _ in outcomes] == [1.5, 0.0, 0.0, -3.0]
+    assert [error for _, _, error in outcomes] == [
+        None, "ValueError: returned nan, not a finite score within +-1e+06",
+        "ValueError: returned 2000000.0, not a finite score within +-1e+06", None,
+    ]  # fmt: skip
+    short = batch_scores(Batched([1.0]), [("r", "s", "g", None)] * 2)
+    assert [error for _, _, error in short] == ["ValueError: returned 1 scores for 2 responses"] * 2
 
 
 def test_several_judgers_per_source_are_weighted_and_kept_apart():

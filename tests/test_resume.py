@@ -15,15 +15,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import child_env, dvc_status, make_project
+from rlx.errors import UserError
 from rlx.faults import POINTS
 from rlx.layout import ITERATION, RunLayout
-from rlx.errors import UserError
 from rlx.record import edit_params
 from rlx.tracking import read_tracker
 from rlx.worklock import hold_work_dir

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import math
 import multiprocessing
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from math import isfinite
 
 from rlx.config import JudgerConfig
 from rlx.errors import UserError
@@ -66,7 +66,7 @@ def checked(score) -> float:
     """``score`` as a float, or ValueError/TypeError when it is not one a reward can be."""
     if isinstance(score, bool) or not isinstance(score, int | float):
         raise TypeError(f"returned {score!r}, not a number")
-    if not math.isfinite(score) or abs(score) > SCORE_LIMIT:
+    if not isfinite(score) or abs(score) > SCORE_LIMIT:
         raise ValueError(f"returned {score!r}, not a finite score within +-{SCORE_LIMIT:g}")
     return float(score)
 

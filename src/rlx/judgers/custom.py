@@ -2,8 +2,8 @@
 
 It is called as ``function(prompt=..., response=..., gold=..., row=...)`` and returns a number, or a
 dict with a ``score`` number (other keys are ignored); it may be ``async``. A score that is not a
-finite number within ``rlx.judgers.SCORE_LIMIT`` is the judger's error (scored 0 and counted). Only what the config names
-is ever imported: model output is never evaluated as code.
+finite number within ``rlx.judgers.SCORE_LIMIT`` is the judger's error (scored 0 and counted). Only
+what the config names is ever imported: model output is never evaluated as code.
 """
 
 from __future__ import annotations
