@@ -1,6 +1,6 @@
 """Every config field is live: read by rlx, refused unless default, or warned about where a backend
 ignores it (issue 17). A static check: a field counts as read when its name is accessed as an
-attribute or a string key somewhere in src/rlx outside config.py, or in dvc.yaml. A field of a class
+attribute or a string key somewhere in src/rlx outside the config package, or in dvc.yaml. A field of a class
 used in several sections (SampleParams, DatasetConfig) is read if any of them reads it; the places
 where only some do (dataflow's ``sample_params.n``, the eval sets' ``sample_ratio`` and ``seed``)
 have their own tests in test_config.py and test_evaluate.py."""
@@ -40,7 +40,7 @@ def leaves(model: type[BaseModel], prefix: str = ""):
 
 LEAVES = list(leaves(RLTrainerConfig))
 SOURCE = "\n".join(
-    [p.read_text() for p in (ROOT / "src/rlx").rglob("*.py") if p.name != "config.py"]
+    [p.read_text() for p in (ROOT / "src/rlx").rglob("*.py") if p.parent.name != "config"]
     + [(ROOT / "dvc.yaml").read_text()]
 )
 

@@ -1,0 +1,92 @@
+"""What every config section shares: unknown keys refused, numbers finite and within 64 bits,
+XTuner fields rlx cannot act on refused unless left at their default, and algorithm names checked
+against :mod:`rlx.algo.registry`."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from rlx.algo import registry
+from rlx.errors import UserError
+
+
+class ConfigError(UserError):
+    """The configuration file or an override is invalid."""
+
+
+UNSUPPORTED = "kept for XTuner compatibility, not supported"
+
+
+def unsupported(default: Any, reason: str) -> Any:
+    """A field XTuner has and rlx cannot act on: its default is accepted (so a carried-over config loads),
+    any other value is refused with ``reason`` rather than silently ignored."""
+    return Field(
+        default,
+        description=f"{UNSUPPORTED[0].upper()}{UNSUPPORTED[1:]}: {reason}",
+        json_schema_extra={"unsupported": reason},
+    )
+
+
+def _registered(kind: str, name: str) -> str:
+    known = registry.names(kind)  # the first call imports the algorithm modules (and torch)
+    if name not in known:
+        quoted = [repr(option) for option in known]
+        listed = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+        raise ValueError(f"Input should be a registered {registry.KINDS[kind]}: {listed}")
+    return name
+
+
+def _list_registered(kind: str, schema: dict[str, Any]) -> None:
+    schema["enum"] = registry.names(kind)
+
+
+def registered(kind: str) -> Any:
+    """The type of a field that names an algorithm of ``kind`` in :mod:`rlx.algo.registry`: the names
+    are spelled once, where their functions are registered, and the schema lists them."""
+    return Annotated[
+        str, AfterValidator(partial(_registered, kind)), Field(json_schema_extra=partial(_list_registered, kind))
+    ]
+
+
+AdvantageName = registered("advantage")
+
+
+PolicyLossName = registered("policy_loss")
+
+
+KLName = registered("kl")
+
+
+LossAggName = registered("loss_agg")
+
+
+def unsupported_reason(field) -> str | None:
+    """Why a field is refused unless left at its default (see :func:`unsupported`), or None."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}  # or a schema hook
+    return extra.get("unsupported")
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are rejected, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _fits_in_64_bits(cls, value: Any) -> Any:
+        """Python ints are unbounded, the tensors, seeds and counters they end up in are not."""
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise ValueError("must fit in 64 bits (below 2^63 in size)")
+        return value
+
+    @field_validator("*")
+    @classmethod
+    def _supported(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields[info.field_name]
+        reason = unsupported_reason(field)
+        if reason and value != field.default:
+            raise ValueError(f"{UNSUPPORTED}: {reason}")
+        return value

@@ -1,0 +1,114 @@
+"""Where the run executes and how rollouts are generated (XTuner ``resources``,
+``rollout_config``, ``dataflow_config``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rlx.config.fields import Section, unsupported
+
+
+class AcceleratorResourcesConfig(Section):
+    """Where training runs (XTuner ``resources``)."""
+
+    accelerator: Literal["CPU", "GPU"] = Field(
+        "CPU",
+        description="The device the run expects (rlx default CPU; XTuner: GPU). rlx uses a CUDA GPU whenever one "
+        "is visible: GPU without one stops the run, CPU with one warns.",
+    )
+    num_workers: int = Field(1, gt=0, description="Training processes; >1 launches through DeepSpeed's launcher.")
+    hostfile: Path | None = Field(
+        None,
+        description="rlx addition: a DeepSpeed hostfile (`HOST slots=N` per line) for multi-node training; "
+        "its slots must add up to num_workers. Without it, num_workers processes run on this host.",
+    )
+    num_cpus_per_worker: int = unsupported(
+        2, "rlx starts one process per worker and leaves CPU placement to the OS (XTuner reserves Ray CPUs)"
+    )
+    cpu_memory_per_worker: int = unsupported(
+        8 * 1024**3, "rlx reserves no host memory per worker (XTuner reserves it in Ray)"
+    )
+
+
+class SampleParams(Section):
+    """Sampling parameters of rollout and evaluation (XTuner ``SampleParams``)."""
+
+    n: int = Field(
+        1, gt=0, description="Samples per prompt in evaluation (pass@k, maj@n); rollouts use prompt_repeat_k."
+    )
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        description="0 means greedy. Training rollouts sample at 1.0, as DAPO (arXiv 2503.14476) does, so the "
+        "sampled log-probs are the policy's own.",
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 (off) keeps rollouts on-policy.")
+    top_k: int = Field(0, ge=0, description="0 disables top-k.")
+    repetition_penalty: float = Field(1.0, gt=0, description="1.0 is off; other values bias rollouts off-policy.")
+    max_tokens: int = Field(
+        64,
+        gt=0,
+        description="New tokens per response. DAPO (arXiv 2503.14476) allows 20480, the last 4096 of them its "
+        "overlong buffer; DeepSeekMath's GRPO (arXiv 2402.03300) 1024.",
+    )
+    min_tokens: int = Field(0, ge=0, description="EOS and stop ids are suppressed before this many new tokens.")
+    stops: list[str] = Field(default_factory=list, description="Stop strings (not included in the response).")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Stop ids besides the tokenizer's EOS.")
+    skip_special_tokens: bool = Field(True, description="Leave special tokens out of the decoded response text.")
+    do_sample: bool = Field(True, description="False decodes greedily, whatever the temperature.")
+    seed: int | None = Field(
+        None,
+        description="rlx addition: sampling seed; None derives it from the run seed (and, in rollouts, the step).",
+    )
+
+
+class RolloutConfig(Section):
+    """The rollout engine (XTuner ``RolloutConfig``). The LMDeploy-only fields are read by that backend
+    alone; with ``transformers``, a value other than their default is warned about once."""
+
+    backend: Literal["transformers", "lmdeploy"] = Field(
+        "transformers",
+        description="rlx addition: the engine as a field (XTuner picks it by environment variable). "
+        "`lmdeploy` needs the `gpu` extra.",
+    )
+    lmdeploy_backend: Literal["pytorch", "turbomind"] = Field(
+        "pytorch", description="LMDeploy only: its engine; weight updates need `pytorch`."
+    )
+    tensor_parallel_size: int = Field(1, gt=0, description="LMDeploy only: GPUs per engine; weight updates need 1.")
+    gpu_memory_utilization: float = Field(
+        0.7, gt=0, le=1, description="LMDeploy only: the KV cache's share of free GPU memory (below 1)."
+    )
+    context_length: int = Field(512, gt=0, description="LMDeploy only: prompt plus response tokens a session holds.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="On a GPU, the dtype of the copies only sampled or scored (auto: the checkpoint's own); "
+        "on CPU always float32.",
+    )
+    rollout_max_batch_size: int = Field(1024, gt=0, description="Sequences generated together in one batch.")
+    extra_engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="LMDeploy only: passed to its engine config as is."
+    )
+
+
+class DataFlowConfig(Section):
+    """How many samples a rollout step makes (XTuner ``DataFlowConfig``)."""
+
+    global_batch_size: int = Field(
+        16, gt=0, description="Prompt groups per rollout step (DAPO, arXiv 2503.14476: 512; DeepSeekMath: 1024)."
+    )
+    prompt_repeat_k: int = Field(
+        8,
+        gt=0,
+        description="Responses per prompt, the group of group estimators: DeepSeekMath's GRPO (arXiv 2402.03300) "
+        "samples 64, DAPO (arXiv 2503.14476) 16.",
+    )
+    sample_params: SampleParams = Field(default_factory=SampleParams, description="Sampling of training rollouts.")
+    enable_dynamic_sampling: bool = Field(
+        False,
+        description="rlx addition: DAPO's dynamic sampling (arXiv 2503.14476): drop groups whose rewards are all "
+        "equal (no gradient) and refill the batch from reserve prompts. DAPO turns it on.",
+    )
+    max_retry_times: int = Field(3, ge=0, description="Extra prompt batches dynamic sampling may draw per step.")

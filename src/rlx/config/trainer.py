@@ -1,0 +1,143 @@
+"""The whole run (XTuner ``RLTrainerConfig``): its top-level fields, the sections it is made of,
+and the rules that span sections."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlx.algo import registry
+from rlx.config.data import ReplayBufferConfig
+from rlx.config.evaluation import EvaluatorConfig
+from rlx.config.fields import Section, unsupported
+from rlx.config.judging import JudgerConfig
+from rlx.config.project import SyntheticTaskConfig, TinyModelConfig
+from rlx.config.rollout import AcceleratorResourcesConfig, DataFlowConfig, RolloutConfig
+from rlx.config.training import AdvantageEstimatorConfig, WorkerConfig
+
+LOAD_CHECKPOINT = "rlx resumes a run from its own work_dir (auto_resume) and starts from load_from; to start from "
+LOAD_CHECKPOINT += "another run's policy, point load_from at its HF export"
+
+
+class LoadCheckpointConfig(Section):
+    """Resuming from an explicit checkpoint (XTuner ``LoadCheckpointConfig``): not supported, see its fields."""
+
+    checkpoint_path: Path | None = unsupported(None, LOAD_CHECKPOINT)
+    load_optimizer_states: bool = unsupported(True, LOAD_CHECKPOINT)
+    load_optimizer_args: bool = unsupported(True, LOAD_CHECKPOINT)
+    load_dataset: bool = unsupported(True, LOAD_CHECKPOINT)
+    load_scheduler: bool = unsupported(True, LOAD_CHECKPOINT)
+
+
+class WandbConfig(Section):
+    """rlx addition: Weights & Biases logging of every step."""
+
+    enabled: bool = Field(True, description="Log to W&B besides the local tracker.")
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline by default; `online` needs WANDB_API_KEY or a `wandb login`."
+    )
+    project: str = Field("rlx", description="The W&B project.")
+    entity: str | None = Field(None, description="The W&B team or user; None: the default of the login.")
+    name: str | None = Field(None, description="Run name; defaults to the work_dir's name.")
+
+
+class RunPointer(Section):
+    """rlx addition: which iteration `dvc repro` runs. `rlx fit` advances it; DVC paths use it."""
+
+    step: int = Field(1, ge=1, description="The rollout step the pipeline's stages produce.")
+    prev: int = Field(0, ge=0, description="step - 1: whose policy the step starts from (DVC cannot subtract).")
+    checkpoint: int = Field(0, ge=0, description="The newest checkpoint at or before step: the checkpoint stage's.")
+
+    @model_validator(mode="after")
+    def _prev_is_step_minus_one(self) -> RunPointer:
+        if self.prev != self.step - 1:
+            raise ValueError(f"run.prev must be run.step - 1 = {self.step - 1}, got {self.prev}")
+        if self.checkpoint > self.step:
+            raise ValueError(f"run.checkpoint must be at most run.step = {self.step}, got {self.checkpoint}")
+        return self
+
+
+class RLTrainerConfig(Section):
+    """The whole run. Mirrors XTuner v1's ``RLTrainerConfig``."""
+
+    load_from: Path = Field(Path("data/tiny-qwen3"), description="Base model: a HF folder.")
+    tokenizer_path: Path = Field(Path("data/tiny-qwen3"), description="A HF tokenizer folder with a chat template.")
+    work_dir: Path = Field(Path("runs/demo"), description="Every artifact of the run lives under it.")
+    total_epochs: int = Field(1, gt=0, description="Passes over the prompts (unless rollout_steps is set).")
+    rollout_steps: int | None = Field(None, gt=0, description="If set, the run's length in steps (overrides epochs).")
+    seed: int = Field(42, description="Seeds every stage (with the step), so a rerun repeats the run exactly.")
+    auto_resume: bool = Field(True, description="rlx default on: a rerun continues where it stopped.")
+    checkpoint_interval: int = Field(
+        10,
+        description="Steps between checkpoints (full policy and optimizer state, written in the background); the "
+        "last step is always one and -1 leaves only that. Other steps record a weights fingerprint, and their "
+        "policy is re-created by replaying the updates after the newest checkpoint before them.",
+    )
+    checkpoint_maxkeep: int = Field(
+        2, description="Checkpoints kept besides checkpoint 0 (the base model, the root of any replay); -1 keeps all."
+    )
+    checkpoint_no_save_optimizer: bool = Field(
+        False,
+        description="Drop the optimizer state of every checkpoint but the newest (resume needs that one): older "
+        "ones keep their policy, and a step before the newest checkpoint is then replayed from step 0.",
+    )
+    hf_interval: int = Field(-1, description="Steps between HF exports (hf/step-N); -1 exports only the last step.")
+    hf_max_keep: int = Field(1, description="HF exports kept, the newest; -1 keeps all.")
+    exp_tracker: Literal["jsonl", "tensorboard"] = Field(
+        "jsonl", description="Local tracker (XTuner default tensorboard)."
+    )
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    debug_rollout: bool = Field(
+        False, description="`rlx fit` prepares, rolls out and judges the next step, prints its metrics and stops."
+    )
+    resources: AcceleratorResourcesConfig = Field(default_factory=AcceleratorResourcesConfig)
+    rollout_config: RolloutConfig = Field(default_factory=RolloutConfig)
+    dataflow_config: DataFlowConfig = Field(default_factory=DataFlowConfig)
+    judger_config: JudgerConfig = Field(default_factory=JudgerConfig)
+    replay_buffer_config: ReplayBufferConfig = Field(default_factory=ReplayBufferConfig)
+    train_worker_cfg: WorkerConfig = Field(default_factory=WorkerConfig)
+    evaluator_config: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    advantage_estimator_config: AdvantageEstimatorConfig = Field(default_factory=AdvantageEstimatorConfig)
+    load_checkpoint_cfg: LoadCheckpointConfig = Field(default_factory=LoadCheckpointConfig)
+    synthetic_task: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig)
+    tiny_model: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    run: RunPointer = Field(default_factory=RunPointer)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLTrainerConfig:
+        for name in ("checkpoint_interval", "checkpoint_maxkeep", "hf_interval", "hf_max_keep"):
+            value = getattr(self, name)
+            if value == 0 or value < -1:
+                raise ValueError(f"{name} must be a positive number or -1, got {value}")
+        if self.rollout_config.backend == "lmdeploy" and importlib.util.find_spec("lmdeploy") is None:
+            raise ValueError(
+                "rollout_config.backend 'lmdeploy' needs LMDeploy and a GPU: pip install 'rlx[gpu]' "
+                "(or use backend 'transformers')"
+            )
+        sampling = self.dataflow_config.sample_params
+        if sampling.n != 1:
+            raise ValueError(
+                f"dataflow_config.sample_params.n {sampling.n}: rollouts sample dataflow_config.prompt_repeat_k "
+                "responses per prompt (n is read in evaluation only); set prompt_repeat_k instead"
+            )
+        if self.rollout_config.backend == "lmdeploy" and sampling.do_sample and sampling.temperature not in (0, 1):
+            raise ValueError(
+                f"dataflow_config.sample_params.temperature {sampling.temperature}: LMDeploy returns the log-probs "
+                "of its untempered distribution, which the trainer's would not match; sample training rollouts "
+                "at temperature 1.0 with backend 'lmdeploy' (or use backend 'transformers')"
+            )
+        estimator, group_size = self.advantage_estimator_config.type, self.dataflow_config.prompt_repeat_k
+        if estimator in registry.names("advantage", groups=True) and group_size < 2:
+            raise ValueError(
+                f"advantage_estimator_config.type {estimator!r} compares responses within a group: "
+                f"dataflow_config.prompt_repeat_k must be at least 2, got {group_size}"
+            )
+        if estimator == "pass_at_k" and self.advantage_estimator_config.k > group_size:
+            raise ValueError(
+                f"advantage_estimator_config.k ({self.advantage_estimator_config.k}) cannot exceed "
+                f"dataflow_config.prompt_repeat_k ({group_size})"
+            )
+        return self

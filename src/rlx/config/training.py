@@ -1,0 +1,154 @@
+"""The policy update: optimizer, schedule, loss, DeepSpeed, advantages and the KL in the reward
+(XTuner ``train_worker_cfg`` and ``advantage_estimator_config``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlx.config.fields import AdvantageName, KLName, LossAggName, PolicyLossName, Section
+
+
+class AdamWConfig(Section):
+    """Optimizer (XTuner ``AdamWConfig``)."""
+
+    lr: float = Field(
+        1e-4,
+        gt=0,
+        description="Learning rate. DeepSeekMath's GRPO (arXiv 2402.03300) and DAPO (arXiv 2503.14476) train 7B+ "
+        "models at 1e-6; the tiny demo model needs 1e-4.",
+    )
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's moment decay rates.")
+    eps: float = Field(1e-8, gt=0, description="AdamW's denominator epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (DAPO: 0.1).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm (DAPO: 1.0).")
+
+
+class LRConfig(Section):
+    """Learning-rate schedule (XTuner ``LRConfig``)."""
+
+    lr_type: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Shape after warm-up; RL recipes (DAPO, DeepSeekMath) keep it constant."
+    )
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of optimizer steps spent warming up.")
+    lr_min: float = Field(0.0, ge=0, description="Where cosine and linear decay end.")
+
+
+class PolicyLossConfig(Section):
+    """The policy-gradient surrogate (XTuner ``policy_loss_cfg``)."""
+
+    loss_type: PolicyLossName = Field(
+        "vanilla",
+        description="vanilla: PPO clip; gspo: one length-normalised ratio per sequence (GSPO, arXiv 2507.18071); "
+        "cispo: clipped, detached IS weight on every token (CISPO, MiniMax-M1, arXiv 2506.13585).",
+    )
+    cliprange_low: float = Field(
+        0.2,
+        ge=0,
+        description="Lower clip of the ratio, 1 - low. PPO and DAPO (arXiv 2503.14476) use 0.2; GSPO's sequence "
+        "ratio (arXiv 2507.18071) 3e-4.",
+    )
+    cliprange_high: float = Field(
+        0.2,
+        ge=0,
+        description="Upper clip, 1 + high; above cliprange_low it is DAPO's clip-higher (arXiv 2503.14476: 0.28). "
+        "GSPO (arXiv 2507.18071) uses 4e-4.",
+    )
+    clip_ratio_c: float = Field(
+        3.0, gt=1, description="Dual-clip bound for negative advantages (Ye et al., arXiv 1912.09729: 3)."
+    )
+
+
+class RolloutCorrectionConfig(Section):
+    """rlx addition: importance weights for the rollout/train log-prob mismatch (off by default), after
+    Yao et al. (2025), "Your efficient RL framework secretly brings you off-policy RL training"."""
+
+    enabled: bool = Field(False, description="Weight the loss by pi_train / pi_rollout (mismatch/* is logged always).")
+    level: Literal["token", "sequence"] = Field("token", description="One weight per token (TIS) or per sequence.")
+    mode: Literal["truncate", "mask"] = Field(
+        "truncate", description="truncate: cap the weight at threshold_high (truncated IS, TIS); mask: drop."
+    )
+    threshold_high: float = Field(
+        2.0, gt=1, description="The weight's cap (truncate) or upper bound (mask); Yao et al. cap at 2."
+    )
+    threshold_low: float = Field(0.5, gt=0, lt=1, description="Lower bound of the mask mode.")
+
+
+class LossConfig(Section):
+    """The RL loss (XTuner ``GRPOLossConfig``)."""
+
+    policy_loss_cfg: PolicyLossConfig = Field(default_factory=PolicyLossConfig, description="The surrogate.")
+    loss_agg_mode: LossAggName = Field(
+        "token-mean",
+        description="How token losses become one: token-mean over the mini-batch is DAPO's (arXiv 2503.14476); "
+        "seq-mean-token-mean the original GRPO's; seq-mean-token-sum-norm Dr. GRPO's (arXiv 2503.20783), "
+        "without length bias.",
+    )
+    use_kl_loss: bool = Field(
+        False,
+        description="Add kl_loss_coef x KL(policy || reference) to the loss, as GRPO does (arXiv 2402.03300); "
+        "DAPO and Dr. GRPO drop it.",
+    )
+    kl_loss_coef: float = Field(0.001, ge=0, description="The KL loss weight (DeepSeekMath's GRPO: 0.04).")
+    kl_loss_type: KLName = Field(
+        "k3", description="KL estimator (Schulman, 2020); GRPO uses k3, unbiased and always positive."
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="rlx addition: entropy bonus (0 in GRPO and DAPO).")
+    mask_truncated: bool = Field(
+        False, description="Leave responses cut at max_tokens out of the loss (DAPO's overlong filtering)."
+    )
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig, description="Importance sampling against rollout mismatch."
+    )
+
+
+class DeepSpeedConfig(Section):
+    """rlx addition (XTuner uses FSDP): how DeepSpeed trains the policy."""
+
+    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="ZeRO stage: what is sharded across workers.")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 mixed precision needs a GPU.")
+    offload_optimizer: bool = Field(False, description="Keep the optimizer state in host memory (ZeRO offload).")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+
+
+class WorkerConfig(Section):
+    """The training engine (XTuner ``WorkerConfig``)."""
+
+    optim_cfg: AdamWConfig = Field(default_factory=AdamWConfig, description="The optimizer.")
+    lr_cfg: LRConfig = Field(default_factory=LRConfig, description="The learning-rate schedule.")
+    loss_cfg: LossConfig = Field(default_factory=LossConfig, description="The RL loss.")
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed's settings.")
+    optimizer_steps: int = Field(1, gt=0, description="Optimizer steps (mini-batches) per rollout step.")
+    pack_max_length: int = Field(4096, gt=0, description="Token budget of one micro-batch.")
+    max_consecutive_nonfinite: int = Field(
+        3,
+        gt=0,
+        description="rlx addition: an optimizer step whose loss or gradient norm is NaN/inf is skipped and counted "
+        "(train/skipped_updates); this many skipped in a row stop the run, the last good checkpoint kept.",
+    )
+
+
+class KLControlConfig(Section):
+    """The KL-in-reward coefficient: fixed, or adaptive towards a target KL (Ziegler et al., 2019)."""
+
+    type: Literal["fixed", "adaptive"] = Field("fixed", description="adaptive: Ziegler et al., arXiv 1909.08593.")
+    kl_coef: float = Field(0.001, ge=0, le=1e6, description="The coefficient (adaptive: its starting value).")
+    target_kl: float = Field(0.1, gt=0, description="The KL per response the adaptive coefficient steers to.")
+    horizon: int = Field(10000, gt=0, description="Samples over which the adaptive coefficient may move 20 %.")
+
+
+class AdvantageEstimatorConfig(Section):
+    """How rewards become advantages."""
+
+    type: AdvantageName = Field(
+        "grpo",
+        description="grpo: group z-score (arXiv 2402.03300); dr_grpo: group mean only (arXiv 2503.20783); rloo: "
+        "leave-one-out (arXiv 2402.14740); reinforce_plus_plus(_baseline): batch-whitened (arXiv 2501.03262); "
+        "opo: length-weighted baseline; pass_at_k: pass@k training.",
+    )
+    eps: float = Field(1e-6, gt=0, description="Added to the std before dividing (grpo, reinforce_plus_plus*).")
+    k: int = Field(4, ge=1, description="The k of pass_at_k.")
+    use_kl_in_reward: bool = Field(False, description="Subtract kl_ctrl.kl_coef x the response's KL from its reward.")
+    kl_penalty: KLName = Field("k1", description="KL estimator in the reward.")
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, description="The KL-in-reward coefficient.")
