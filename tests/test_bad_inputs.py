@@ -402,15 +402,15 @@ def optimizer_state(trainer) -> str:
 def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
     inputs, judged_step, tmp_path, monkeypatch, caplog, zero_stage
 ):
-    import rlx.stages.train as train
+    import rlx.microbatch as microbatch
 
-    real_loss = train.policy_loss
+    real_loss = microbatch.policy_loss
 
     def nan_loss(*args, **kwargs):
         loss, metrics = real_loss(*args, **kwargs)
         return loss * float("nan"), metrics
 
-    monkeypatch.setattr(train, "policy_loss", nan_loss)
+    monkeypatch.setattr(microbatch, "policy_loss", nan_loss)
     work_dir = copy_run(judged_step, tmp_path)
     config = step_config(
         inputs,

@@ -13,7 +13,7 @@ import torch
 from rlx.algo import advantages as adv
 from rlx.algo.losses import aggregate, policy_loss
 from rlx.config import RLTrainerConfig
-from rlx.stages.train import Micro, micro_loss, prepare_micro_batches
+from rlx.microbatch import Micro, micro_loss, prepare_micro_batches
 from rlx.trainer import token_logprobs
 
 

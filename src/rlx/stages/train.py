@@ -23,17 +23,24 @@ import torch
 
 from rlx import distributed, faults, launcher
 from rlx.algo import advantages as adv
-from rlx.algo import kl as kl_estimators
 from rlx.algo.correction import importance_weights, mismatch_metrics
 from rlx.algo.kl import adaptive_kl_coef
-from rlx.algo.losses import aggregate, policy_loss
 from rlx.artifacts import read_json, read_rows, write_json, write_rows
-from rlx.config import LossConfig, RLTrainerConfig
+from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
 from rlx.fingerprint import first_difference
+from rlx.microbatch import (
+    Micro,
+    all_ranks,
+    kl_in_reward,
+    micro_loss,
+    prepare_micro_batches,
+    response_mask,
+    reuses_old_logprobs,
+)
 from rlx.stages.checkpoint import save_trainer
 from rlx.stages.curves import write_curve
-from rlx.trainer import TokenBatch, nonfinite_parameter, token_logprobs
+from rlx.trainer import nonfinite_parameter
 
 log = logging.getLogger(__name__)
 
@@ -50,100 +57,6 @@ UPDATE_SCHEMA = pa.schema(
 )
 
 
-def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
-    """Consecutive samples grouped so that count x longest length stays within the token budget
-    (a single longer sample gets a micro-batch of its own)."""
-    batches, current, longest = [], [], 0
-    for index in indices:
-        widest = max(longest, lengths[index])
-        if current and widest * (len(current) + 1) > budget:
-            batches.append(current)
-            current, widest = [], lengths[index]
-        current.append(index)
-        longest = widest
-    return [*batches, current] if current else batches
-
-
-@dataclass
-class Micro:
-    """One micro-batch with what the loss needs besides the live policy."""
-
-    indices: list[int]
-    batch: TokenBatch
-    old_logp: torch.Tensor | None  # None until the loss's own forward, for a batch's only update
-    rollout_logp: torch.Tensor
-    ref_logp: torch.Tensor | None
-    share: float  # its samples / its mini-batch's samples
-    mini_tokens: int  # loss tokens of its whole mini-batch, all ranks together
-    weight: float  # 1, or 0 for a repeat that only keeps the ranks in step
-    advantages: torch.Tensor | None = None
-    token_weights: torch.Tensor | None = None
-
-
-def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, norm_length: int):
-    """The micro-batch's share of its mini-batch loss, and its metrics (scalars, zero for a repeat)."""
-    logp, entropy = token_logprobs(trainer.module, micro.batch, temperature)
-    if micro.old_logp is None:  # the batch's only update: the policy has not moved yet (see reuses_old_logprobs)
-        micro.old_logp = logp.detach()
-    mask = micro.batch.mask
-    options = {"global_tokens": micro.mini_tokens, "norm_length": norm_length}
-    # token-mean divides by the mini-batch's token count itself; the per-sequence modes need weighting.
-    scale = micro.weight * (1.0 if loss_cfg.loss_agg_mode == "token-mean" else micro.share)
-    clip = loss_cfg.policy_loss_cfg
-    pg_loss, metrics = policy_loss(
-        logp,
-        micro.old_logp,
-        micro.advantages,
-        mask,
-        kind=clip.loss_type,
-        cliprange_low=clip.cliprange_low,
-        cliprange_high=clip.cliprange_high,
-        clip_ratio_c=clip.clip_ratio_c,
-        loss_agg_mode=loss_cfg.loss_agg_mode,
-        token_weights=micro.token_weights,
-        **options,
-    )
-    entropy_term = aggregate(entropy, mask, loss_cfg.loss_agg_mode, **options)
-    loss = scale * (pg_loss - loss_cfg.entropy_coef * entropy_term)
-    values = {"pg_loss": scale * pg_loss.item(), "entropy": scale * entropy_term.item()}
-    if loss_cfg.use_kl_loss:
-        kl_per_token = kl_estimators.estimate(logp, micro.ref_logp, loss_cfg.kl_loss_type)
-        kl = aggregate(kl_per_token, mask, loss_cfg.loss_agg_mode, **options)
-        loss = loss + scale * loss_cfg.kl_loss_coef * kl
-        values["kl"] = scale * kl.item()
-    values["loss"] = loss.item()
-    tokens = micro.weight * micro.batch.num_tokens
-    values.update({name: value.item() * tokens for name, value in metrics.items()})
-    return loss, values
-
-
-def rollout_logprobs(rollouts: list[dict], indices: list[int], like: torch.Tensor) -> torch.Tensor:
-    """The rollout engine's log-probs laid out like the trainer's ``[B, T - 1]`` tensor."""
-    out = torch.zeros_like(like)
-    for row, index in enumerate(indices):
-        sample = rollouts[index]
-        start = sample["prompt_len"] - 1
-        out[row, start : start + sample["response_len"]] = torch.tensor(sample["rollout_logprobs"])
-    return out
-
-
-def trained_tokens(row: dict, loss_cfg: LossConfig) -> int:
-    """Response tokens of a rollout that enter the loss (none for a truncated one under ``mask_truncated``)."""
-    return 0 if loss_cfg.mask_truncated and row["finish_reason"] == "length" else row["response_len"]
-
-
-def reuses_old_logprobs(config: RLTrainerConfig) -> bool:
-    """With one optimizer step per batch, the old log-probs are the live ones detached, so the loss's
-    forward gives them and the separate no-grad pass is skipped (as verl and TRL do) -- unless the
-    advantages need them first (KL in the reward, rollout-mismatch correction)."""
-    worker = config.train_worker_cfg
-    return (
-        worker.optimizer_steps == 1
-        and not config.advantage_estimator_config.use_kl_in_reward
-        and not worker.loss_cfg.rollout_correction.enabled
-    )
-
-
 def clip_cannot_act(config: RLTrainerConfig) -> str | None:
     """Why the clip settings change nothing, if they cannot: with one update per rollout step the
     update is on-policy, its importance ratio exactly 1, so no bound is ever reached (a run warns once)."""
@@ -156,64 +69,6 @@ def clip_cannot_act(config: RLTrainerConfig) -> str | None:
         f"clip_ratio_c {clip.clip_ratio_c}) cannot act and train/clipfrac stays 0; with optimizer_steps above 1 "
         "the later mini-batches are off-policy and the bounds act"
     )
-
-
-def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer, engines) -> list[list[Micro]]:
-    """This rank's micro-batches of each mini-batch, with the old (unless reused) and reference
-    log-probs computed before any update, and each mini-batch's token count over all ranks."""
-    worker, loss_cfg = config.train_worker_cfg, config.train_worker_cfg.loss_cfg
-    temperature = config.dataflow_config.sample_params.temperature or 1.0
-    needs_reference = loss_cfg.use_kl_loss or config.advantage_estimator_config.use_kl_in_reward
-    lengths = [row["prompt_len"] + row["response_len"] for row in rollouts]
-    ranks, me = distributed.world_size(), distributed.rank()
-    minis = []
-    for mini in torch.arange(len(rollouts)).chunk(worker.optimizer_steps):
-        mini = mini.tolist()
-        everyone = micro_batches(mini, lengths, worker.pack_max_length)
-        mine = distributed.deal(everyone, ranks, me)
-        tokens = max(1, sum(trained_tokens(rollouts[i], loss_cfg) for i in mini))
-        micros = []
-        for position, indices in enumerate(mine):
-            batch = TokenBatch.from_ids(
-                [rollouts[i]["prompt_ids"] for i in indices],
-                [rollouts[i]["response_ids"] for i in indices],
-                engines.tokenizer.pad_token_id,
-            )
-            if loss_cfg.mask_truncated:
-                kept = torch.tensor([rollouts[i]["finish_reason"] != "length" for i in indices], dtype=batch.mask.dtype)
-                batch.mask = batch.mask * kept.unsqueeze(-1)
-            old = None if reuses_old_logprobs(config) else trainer.logprobs(batch, temperature)
-            ref = None
-            if needs_reference:
-                with torch.no_grad():
-                    ref = token_logprobs(engines.reference, batch, temperature)[0]
-            rollout = rollout_logprobs(rollouts, indices, batch.mask)
-            padding = position * ranks + me >= len(everyone)  # a repeat that only keeps the ranks in step
-            micros.append(
-                Micro(indices, batch, old, rollout, ref, len(indices) / len(mini), tokens, 0.0 if padding else 1.0)
-            )
-        minis.append(micros)
-    return minis
-
-
-def kl_in_reward(config: RLTrainerConfig, minis: list[list[Micro]], count: int) -> torch.Tensor:
-    """Each response's summed KL to the reference (``kl_penalty`` estimator), in rollout order."""
-    kind = config.advantage_estimator_config.kl_penalty
-    kl = torch.zeros(count)
-    for micro in (m for micros in minis for m in micros if m.weight):
-        per_token = kl_estimators.estimate(micro.old_logp, micro.ref_logp, kind) * micro.batch.mask
-        kl[micro.indices] = per_token.sum(dim=-1)
-    return distributed.sum_across(kl)
-
-
-def all_ranks(tensors) -> torch.Tensor:
-    """These tensors of every rank, flattened into one (a rank may hold none: it only kept in step)."""
-    return distributed.cat_across(torch.cat([tensor.flatten() for tensor in tensors] or [torch.zeros(0)]))
-
-
-def response_mask(rollouts: list[dict]) -> torch.Tensor:
-    lengths = torch.tensor([row["response_len"] for row in rollouts])
-    return (torch.arange(int(lengths.max().clamp(min=1))) < lengths.unsqueeze(-1)).float()
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
