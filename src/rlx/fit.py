@@ -26,6 +26,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -278,48 +279,19 @@ def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: in
     layout.work_dir.mkdir(parents=True, exist_ok=True)
     write_text(to_yaml(config.model_copy(update={"run": RunPointer()})), layout.config)
     tracker = Tracker(config, first_step=0 if start == 1 else start)
-    history = []
     try:
         if start == 1:
             point_at_step(params, 1, 0)
             run_base(config, engines)
             tracker.log(0, read_json(layout.step(0).metrics("base")))
-        with Progress(
-            TextColumn("[bold]rlx fit"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            console=console,
-            transient=False,
-        ) as progress:
-            task = progress.add_task("", total=total, completed=start - 1)
-
-            def finish(step: int, metrics: dict, recorded: Future) -> None:
-                """Wait for the step's checkpoint and DVC record, then log it and mark it done."""
-                waited = time.perf_counter()
-                try:
-                    metrics["time/dvc_commit"] = recorded.result()
-                except BrokenProcessPool as error:
-                    raise RuntimeError(f"the process recording step {step} in DVC died; rerun to resume") from error
-                metrics["time/dvc"] = time.perf_counter() - waited  # what the step waited for DVC
-                metrics["time/step"] += metrics["time/dvc"]
-                metrics.update(read_json(layout.step(step).metrics("checkpoint")))
-                if step in again:
-                    check_made_again(layout, step)
-                else:
-                    tracker.log(step, metrics)
-                write_json(metrics, layout.step(step).done)
-                faults.point("step.prune")
-                prune_checkpoints(config, layout, step)
-                history.append(metrics)
-                progress.update(task, advance=0 if step in again else 1, description=describe(metrics))
-
+        with progress_bar(console) as progress:
+            steps, again = steps_to_run(layout, start, total)
+            finish = Finisher(config, layout, tracker, again, progress, progress.add_task("", total=total))
+            progress.update(finish.task, completed=start - 1)
             # DVC records step N in the background while the next steps run (behind N's checkpoint, if it
             # writes one; a checkpoint's hash can outlast a step); a step counts as done (done.json) only
             # once recorded, so a run killed before that re-records it on resume.
             checkpoints = BackgroundCheckpoints(config, engines)
-            steps, again = steps_to_run(layout, start, total)
             try:
                 with recorder() as dvc:
                     unrecorded: deque = deque()  # (step, metrics, its record), oldest first
@@ -338,7 +310,51 @@ def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: in
                 checkpoints.close()
     finally:
         tracker.close()
-    return history
+    return finish.history
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]rlx fit"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=False,
+    )
+
+
+@dataclass
+class Finisher:
+    """Ends each step once DVC recorded it: logs it (or checks a step made again), marks it done, prunes."""
+
+    config: RLTrainerConfig
+    layout: RunLayout
+    tracker: Tracker
+    again: set[int]  # steps made again: already logged, checked against their lineage instead
+    progress: Progress
+    task: int
+    history: list[dict] = field(default_factory=list)
+
+    def __call__(self, step: int, metrics: dict, recorded: Future) -> None:
+        waited = time.perf_counter()
+        try:
+            metrics["time/dvc_commit"] = recorded.result()
+        except BrokenProcessPool as error:
+            raise RuntimeError(f"the process recording step {step} in DVC died; rerun to resume") from error
+        metrics["time/dvc"] = time.perf_counter() - waited  # what the step waited for DVC
+        metrics["time/step"] += metrics["time/dvc"]
+        metrics.update(read_json(self.layout.step(step).metrics("checkpoint")))
+        if step in self.again:
+            check_made_again(self.layout, step)
+        else:
+            self.tracker.log(step, metrics)
+        write_json(metrics, self.layout.step(step).done)
+        faults.point("step.prune")
+        prune_checkpoints(self.config, self.layout, step)
+        self.history.append(metrics)
+        self.progress.update(self.task, advance=0 if step in self.again else 1, description=describe(metrics))
 
 
 def describe(metrics: dict) -> str:
