@@ -6,6 +6,7 @@ import json
 import re
 import time
 
+import numpy as np
 import pytest
 
 from conftest import DATA, PARAMS, ROOT
@@ -336,11 +337,13 @@ class Batched:
 
 
 def test_a_batched_judger_s_bad_score_costs_only_its_own_response():
-    outcomes = batch_scores(Batched([1.5, float("nan"), 2e6, -3]), [("r", "s", "g", None)] * 4)
-    assert [score for score, _, _ in outcomes] == [1.5, 0.0, 0.0, -3.0]
+    scores = [1.5, float("nan"), 2e6, -3, np.float32(0.25), "0.5"]  # numpy's scalars are numbers, text is not
+    outcomes = batch_scores(Batched(scores), [("r", "s", "g", None)] * len(scores))
+    assert [score for score, _, _ in outcomes] == [1.5, 0.0, 0.0, -3.0, 0.25, 0.0]
     assert [error for _, _, error in outcomes] == [
         None, "ValueError: returned nan, not a finite score within +-1e+06",
-        "ValueError: returned 2000000.0, not a finite score within +-1e+06", None,
+        "ValueError: returned 2000000.0, not a finite score within +-1e+06", None, None,
+        "TypeError: returned '0.5', not a number",
     ]  # fmt: skip
     short = batch_scores(Batched([1.0]), [("r", "s", "g", None)] * 2)
     assert [error for _, _, error in short] == ["ValueError: returned 1 scores for 2 responses"] * 2

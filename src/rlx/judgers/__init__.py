@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import isfinite
+from numbers import Real
 
 from rlx.config import JudgerConfig
 from rlx.errors import UserError
@@ -64,7 +65,7 @@ def score_batch(judger, responses: list[str], golds: list[str], rows: list[dict]
 
 def checked(score) -> float:
     """``score`` as a float, or ValueError/TypeError when it is not one a reward can be."""
-    if isinstance(score, bool) or not isinstance(score, int | float):
+    if isinstance(score, bool) or not isinstance(score, Real):  # numpy's scalars are Real too
         raise TypeError(f"returned {score!r}, not a number")
     if not isfinite(score) or abs(score) > SCORE_LIMIT:
         raise ValueError(f"returned {score!r}, not a finite score within +-{SCORE_LIMIT:g}")
