@@ -285,8 +285,8 @@ def provenance(session: dict) -> str:
     return (
         f"{', '.join(sorted({name.split('/')[0] for name in session['measured']}))}: measured "
         f"{session['date'][:10]} on {m['cpu']} ({m['cores']} cores, load average {m['load_average_at_start'][0]:.1f} "
-        f"at the start), torch {m['torch']}, transformers {m['transformers']}, DeepSpeed {m['deepspeed']}, "
-        f"TRL {m['trl']} (`{session['command']}`)."
+        f"at the start), torch {m['torch']}, transformers {m['transformers']}, DeepSpeed {m['deepspeed']}"
+        f"{f', TRL {trl}' if (trl := m.get('trl')) else ''} (`{session['command']}`)."
     )
 
 
