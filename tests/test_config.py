@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from rlx import config
+from rlx import config, seeds
 from rlx.cli import main
 from rlx.config import ConfigError, RLTrainerConfig
 
@@ -246,3 +247,14 @@ def test_a_stage_refuses_an_accelerator_it_does_not_have_in_one_line(capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "resources.accelerator 'GPU': torch sees no CUDA device here" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("seed", [0, 42, -1, 2**63 - 1, -(2**63)])
+def test_every_seed_the_config_takes_gives_part_seeds_torch_takes(seed):
+    """The config allows any 64-bit seed; a step's derived seed must still be one torch can be seeded with."""
+    run = config.load(None, [f"seed={seed}"])
+    for offset in (0, 1, 7919 * 30):
+        derived = seeds.derive(run.seed, offset)
+        assert 0 <= derived < 2**63
+        torch.manual_seed(derived)
+    assert seeds.derive(42, 3) == 42 * seeds.SPREAD + 3  # the demo's seeds are what they were
