@@ -253,6 +253,13 @@ ROWS = [
                                                 "judger_config.reward_judger_configs.0.weight=1.0e+300"],
         "{params}: invalid configuration: judger_config.reward_judger_configs.0.weight: Input should be less than "
         "or equal to 1000000; got 1e+300"),
+    Row("judger time limit no clock can wait", ["config", "show", "{params}", "-S", "judger_config.timeout=1.0e+300"],
+        "{params}: invalid configuration: judger_config.timeout: Input should be less than or equal to 86400; "
+        "got 1e+300"),
+    Row("dataset repeated past memory", ["config", "show", "{params}", "-S",
+                                         "replay_buffer_config.dataset_cfg.0.sample_ratio=1.0e+300"],
+        "{params}: invalid configuration: replay_buffer_config.dataset_cfg.0.sample_ratio: Input should be less "
+        "than or equal to 100; got 1e+300"),
     Row("wrong type in a column", [*PREPARE, *OWN_DATA],
         "{d}/rows.jsonl: row 2: 'prompt' must be a non-empty list of {{role, content}} messages, got 'What is 2 + 2?'",
         files={"rows.jsonl": GOOD_ROW * 2 + GOOD_ROW.replace('[{"role": "user", "content": "What is 2 + 2?"}]',

@@ -14,7 +14,9 @@ class DatasetConfig(Section):
 
     name: str = Field(..., min_length=1, description="The set's name in metrics and artifacts.")
     anno_path: Path = Field(..., description="A .parquet or .jsonl file, or a folder of them.")
-    sample_ratio: float = Field(1.0, gt=0, description="Fraction of rows used, a seeded subset (above 1 repeats rows).")
+    sample_ratio: float = Field(
+        1.0, gt=0, le=100, description="Fraction of rows used, a seeded subset (above 1 repeats rows, up to 100 times)."
+    )
 
 
 class ReplayBufferConfig(Section):

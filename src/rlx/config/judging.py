@@ -41,7 +41,10 @@ class JudgerConfig(Section):
         description="The judgers; each row is scored by those of its data_source, their scores weighted and summed.",
     )
     timeout: float = Field(
-        5.0, gt=0, description="Seconds per sample and judger before its score is 0 (counted in judge/errors)."
+        5.0,
+        gt=0,
+        le=86400,
+        description="Seconds per sample and judger before its score is 0 (counted in judge/errors); at most a day.",
     )
     max_response_chars: int = Field(
         16000,
