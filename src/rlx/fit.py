@@ -286,8 +286,8 @@ def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: in
             tracker.log(0, read_json(layout.step(0).metrics("base")))
         with progress_bar(console) as progress:
             steps, again = steps_to_run(layout, start, total)
-            finish = Finisher(config, layout, tracker, again, progress, progress.add_task("", total=total))
-            progress.update(finish.task, completed=start - 1)
+            task = progress.add_task("", total=total, completed=start - 1)
+            finish = Finisher(config, layout, tracker, again, progress, task)
             # DVC records step N in the background while the next steps run (behind N's checkpoint, if it
             # writes one; a checkpoint's hash can outlast a step); a step counts as done (done.json) only
             # once recorded, so a run killed before that re-records it on resume.

@@ -77,7 +77,12 @@ def safe_score(judger, response: str, gold: str, row: dict | None) -> tuple[floa
     try:
         return checked(judger.score(response, gold, row)), judger.extract(response), None
     except Exception as exc:  # noqa: BLE001 - a judger's bug must not end the run: count it instead
-        return 0.0, None, f"{type(exc).__name__}: {exc}"
+        return failure(exc)
+
+
+def failure(exc: Exception) -> tuple[float, None, str]:
+    """A failed score: 0, no answer read, and the error as kept in the judged artifact."""
+    return 0.0, None, f"{type(exc).__name__}: {exc}"
 
 
 def batch_scores(judger, items: list[tuple]) -> list[tuple[float, str | None, str | None]]:
@@ -85,10 +90,10 @@ def batch_scores(judger, items: list[tuple]) -> list[tuple[float, str | None, st
     batch 0, a bad score only its own response."""
     try:
         scores = list(judger.score_batch([i[0] for i in items], [i[2] for i in items], [i[3] for i in items]))
+        if len(scores) != len(items):
+            raise ValueError(f"returned {len(scores)} scores for {len(items)} responses")
     except Exception as exc:  # noqa: BLE001 - a judger's failure must not end the run: count it instead
-        return [(0.0, None, f"{type(exc).__name__}: {exc}")] * len(items)
-    if len(scores) != len(items):
-        return [(0.0, None, f"ValueError: returned {len(scores)} scores for {len(items)} responses")] * len(items)
+        return [failure(exc)] * len(items)
     return [one_batch_score(score) for score in scores]
 
 
@@ -96,7 +101,7 @@ def one_batch_score(score) -> tuple[float, None, str | None]:
     try:
         return checked(score), None, None
     except (TypeError, ValueError) as exc:
-        return 0.0, None, f"{type(exc).__name__}: {exc}"
+        return failure(exc)
 
 
 @dataclass
