@@ -28,7 +28,7 @@ from rlx.errors import UserError, first_line
 from rlx.fingerprint import fingerprint, first_difference
 from rlx.layout import RunLayout
 from rlx.rollout import Sampler, TransformersSampler
-from rlx.trainer import DEEPSPEED_TAG, PolicyTrainer
+from rlx.trainer import DEEPSPEED_TAG, PolicyTrainer, TrainerSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class Engines:
         self._lmdeploy = None  # the run's LMDeploy engine, once started
         self._lmdeploy_step: int | None = None
         self.replay_seconds = 0.0  # spent re-creating policies from checkpoints (`rlx fit` logs it as time/replay)
+        self.snapshots: dict[int, TrainerSnapshot] = {}  # trainer states copied for the checkpoint stage to write
 
     @cached_property
     def tokenizer(self):

@@ -143,10 +143,12 @@ def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> 
 
 
 class BackgroundCheckpoints:
-    """Writes a step's checkpoint in a thread of its own while the next step prepares, rolls out and
-    judges (they only read the weights); the next update waits for it. DVC's record of a step is
-    queued (in another thread, in step order) behind its checkpoint, so a step is recorded (and done)
-    only once its checkpoint is, and a long record never holds a checkpoint back."""
+    """Writes a step's checkpoint in a thread of its own while the next steps run: the trainer's state
+    is first copied to host memory (``PolicyTrainer.snapshot``, a memory copy), so even the next update
+    need not wait for the disk. One write at a time: a checkpoint due while the previous one is still
+    being written waits for it (so at most two copies are held). DVC's record of a step is queued (in
+    another thread, in step order) behind its checkpoint, so a step is recorded (and done) only once
+    its checkpoint is, and a long record never holds a checkpoint back."""
 
     def __init__(self, config: RLTrainerConfig, engines: Engines):
         self.config, self.engines = config, engines
@@ -154,8 +156,15 @@ class BackgroundCheckpoints:
         self.records = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-record")
         self.pending: Future | None = None
 
-    def start(self, step: int) -> None:
+    def start(self, step: int) -> dict[str, float]:
+        """Copy step ``step``'s trainer state and start writing it; the seconds waited for the previous
+        write and those the copy took."""
+        waited = self.wait()
+        started = time.perf_counter()
+        self.engines.snapshots[step] = self.engines.trainer(step).snapshot(self.engines.tokenizer)
+        copied = time.perf_counter() - started
         self.pending = self.saver.submit(run_stage, "checkpoint", self.config, step, self.engines)
+        return {"time/checkpoint_wait": waited, "time/checkpoint_snapshot": copied}
 
     def wait(self) -> float:
         """Block until the pending checkpoint is on disk (its error, if any, raised here); the seconds waited."""
@@ -183,7 +192,7 @@ class BackgroundCheckpoints:
 def run_step(config: RLTrainerConfig, step: int, engines: Engines, checkpoints: BackgroundCheckpoints) -> dict:
     """Every stage of one step from the first one not complete on (a due checkpoint in the background);
     returns the step's merged metrics, the checkpoint's still to come."""
-    metrics, rerun = {"time/checkpoint_wait": 0.0}, False
+    metrics, rerun = {"time/checkpoint_wait": 0.0, "time/checkpoint_snapshot": 0.0}, False
     engines.replay_seconds = 0.0
     for name in ITERATION:
         rerun = rerun or not is_complete(name, step, engines)
@@ -191,11 +200,8 @@ def run_step(config: RLTrainerConfig, step: int, engines: Engines, checkpoints: 
             refresh_curves(name, config, step, engines)
             metrics.update(read_json(engines.layout.step(step).metrics(name)))
         elif name == "checkpoint" and config.resources.num_workers == 1 and is_due(config, step, engines.total_steps):
-            engines.trainer(step)  # here, not in the thread: on resume it may have to replay first
-            checkpoints.start(step)
+            metrics.update(checkpoints.start(step))
         else:
-            if name == "train":
-                metrics["time/checkpoint_wait"] = checkpoints.wait()  # the previous step's, if still writing
             metrics.update(run_stage(name, config, step, engines))
     metrics["time/replay"] = engines.replay_seconds
     return metrics

@@ -8,9 +8,12 @@ many token-bounded micro-batches its mini-batch needed, and the loss scaling is 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -19,6 +22,9 @@ from rlx import distributed, faults
 from rlx.artifacts import read_json, write_json
 from rlx.config import LRConfig, WorkerConfig
 from rlx.fingerprint import fingerprint
+
+if TYPE_CHECKING:
+    from rlx.safe_checkpoint import SnapshotCheckpointEngine
 
 DEEPSPEED_TAG = "state"
 
@@ -107,6 +113,8 @@ class PolicyTrainer:
     def __init__(self, cfg: WorkerConfig, policy_dir: Path, state_dir: Path, total_optimizer_steps: int):
         import deepspeed
 
+        from rlx.safe_checkpoint import SnapshotCheckpointEngine  # both import DeepSpeed, which takes seconds
+
         distributed.ensure_rendezvous()
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32, use_safetensors=True)
         if cfg.deepspeed.activation_checkpointing:
@@ -121,10 +129,8 @@ class PolicyTrainer:
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg)
         )
+        self.engine.checkpoint_engine = SnapshotCheckpointEngine(self.engine._config)
         if (state_dir / DEEPSPEED_TAG).is_dir():
-            from rlx.safe_checkpoint import WeightsOnlyCheckpointEngine
-
-            self.engine.checkpoint_engine = WeightsOnlyCheckpointEngine(self.engine._config)
             self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG)
         self.state = (
             read_json(state_dir / "state.json").get("extra", {}) if (state_dir / "state.json").is_file() else {}
@@ -189,16 +195,49 @@ class PolicyTrainer:
             raise RuntimeError(f"the training ranks' weights diverged ({spread:.0f} ranks differ from rank 0)")
         return spread
 
-    def save(self, policy_dir: Path, state_dir: Path, tokenizer) -> None:
-        """Write the policy as a HF folder (rank 0) and the optimizer/scheduler state beside it (every
-        rank its shard), each atomically, with ``state``: what else the next step needs (e.g. an
-        adaptive KL coefficient)."""
-        with self.full_parameters(), distributed.atomic_dir_on_all_ranks(policy_dir) as tmp:
-            if distributed.is_main():
-                self.engine.module.save_pretrained(tmp, safe_serialization=True)
-                tokenizer.save_pretrained(tmp)
+    def snapshot(self, tokenizer) -> TrainerSnapshot:
+        """The policy and optimizer state as they are now, copied to host memory (seconds where writing
+        them takes tens), so training can go on while ``TrainerSnapshot.write`` puts them on disk."""
+        from rlx.safe_checkpoint import host_copy
+
+        checkpoints = self.engine.checkpoint_engine
+        with self.full_parameters():
+            policy = host_copy(self.module.state_dict(), checkpoints.copies) if distributed.is_main() else None
+        with tempfile.TemporaryDirectory(prefix="rlx-snapshot-") as scratch:
+            self.engine.save_checkpoint(scratch, tag=DEEPSPEED_TAG, save_latest=False)
+            states = checkpoints.take(scratch)
+            plain = {str(f.relative_to(scratch)): f.read_bytes() for f in Path(scratch).rglob("*") if f.is_file()}
+        state = {"global_steps": self.engine.global_steps, "extra": copy.deepcopy(self.state)}
+        return TrainerSnapshot(self.module, tokenizer, policy, checkpoints, states, plain, state)
+
+
+@dataclass
+class TrainerSnapshot:
+    """A trainer's state in host memory, to be written as a checkpoint: the policy (rank 0's whole
+    state dict, written as a HF folder), DeepSpeed's files (every rank its shard), the files DeepSpeed
+    wrote itself (its recovery scripts) and ``state``: what else the next step needs (e.g. an
+    adaptive KL coefficient)."""
+
+    module: object  # for its config and how it names its weights; its tensors are not read
+    tokenizer: object
+    policy: dict | None
+    engine: SnapshotCheckpointEngine
+    states: dict[str, object]
+    plain: dict[str, bytes]
+    state: dict
+
+    def write(self, policy_dir: Path, state_dir: Path) -> None:
+        """Write the policy folder and the state folder, each atomically (a kill mid-write leaves the
+        previous ones as they were)."""
+        with distributed.atomic_dir_on_all_ranks(policy_dir) as tmp:
+            if self.policy is not None:
+                self.module.save_pretrained(tmp, state_dict=self.policy, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
         faults.point("train.save")
         with distributed.atomic_dir_on_all_ranks(state_dir) as tmp:
-            self.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
+            for relative, data in self.plain.items():
+                (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / relative).write_bytes(data)
+            self.engine.write(self.states, tmp)
             if distributed.is_main():
-                write_json({"global_steps": self.engine.global_steps, "extra": self.state}, tmp / "state.json")
+                write_json(self.state, tmp / "state.json")

@@ -7,8 +7,8 @@ empty optimizer state, the root every replay can start from), every ``checkpoint
 and at the last step. With several workers every step is a checkpoint, written by the training
 ranks themselves: they live for one step only, and the next step's ranks start from the files.
 
-`rlx fit` runs this stage in a background thread while the next step prepares, rolls out and
-judges (nothing there changes the weights); the next update waits for it. Outputs: ``policy/`` (HF
+`rlx fit` first copies the trainer's state to host memory (``Engines.snapshots``), then runs this
+stage in a background thread, which writes the copy while the next steps run. Outputs: ``policy/`` (HF
 folder) and ``trainer_state/`` (DeepSpeed), each written whole under a temporary name, so a kill
 mid-write leaves the previous checkpoint as it was. The metrics file, written last, marks it done.
 """
@@ -42,7 +42,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         with disk_full_reported(step, engines.layout):
             save_base(config, paths, engines.tokenizer)
     elif config.resources.num_workers == 1:
-        save_trainer(engines.trainer(step), step, engines)
+        save_trainer(step, engines)
         release_freed_memory()
     size = sum(f.stat().st_size for out in outputs(paths) for f in out.rglob("*") if f.is_file())
     return {"checkpoint/saved": 1, "checkpoint/bytes": size}
@@ -57,11 +57,12 @@ def save_base(config: RLTrainerConfig, paths, tokenizer) -> None:
         write_json({"global_steps": 0}, tmp / "state.json")
 
 
-def save_trainer(trainer, step: int, engines) -> None:
-    """The trainer's policy and optimizer state."""
+def save_trainer(step: int, engines) -> None:
+    """The trainer's policy and optimizer state: from the copy `rlx fit` took, or as the trainer holds them."""
     paths = engines.layout.step(step)
+    snapshot = engines.snapshots.pop(step, None) or engines.trainer(step).snapshot(engines.tokenizer)
     with disk_full_reported(step, engines.layout):
-        trainer.save(paths.policy, paths.trainer_state, engines.tokenizer)
+        snapshot.write(paths.policy, paths.trainer_state)
 
 
 @contextmanager

@@ -95,7 +95,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         write_rows(numbers, paths.update, schema=UPDATE_SCHEMA)
         write_json(weights, paths.weights_fingerprint, indent=None)
     if distributed.launched():
-        save_trainer(trainer, step, engines)  # the ranks end with this step: the next ones start from the files
+        save_trainer(step, engines)  # the ranks end with this step: the next ones start from the files
     return metrics
 
 
