@@ -457,15 +457,20 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
 
 @pytest.mark.parametrize("part", ["policy", "trainer_state"])
 def test_disk_full_while_saving_a_checkpoint_keeps_the_previous_one(inputs, judged_step, tmp_path, monkeypatch, part):
-    import deepspeed
     import transformers
 
-    def disk_full(self, folder, *args, **kwargs):
+    from rlx.safe_checkpoint import SnapshotCheckpointEngine
+
+    def disk_full(folder):
         (Path(folder) / "partial").write_bytes(b"half a file")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    target = (transformers.PreTrainedModel, "save_pretrained") if part == "policy" else None
-    target = target or (deepspeed.DeepSpeedEngine, "save_checkpoint")
+    # what writes each folder: the policy's HF files, and the trainer state's copy that the
+    # checkpoint engine took in memory (DeepSpeed's save_checkpoint itself writes nothing there)
+    if part == "policy":
+        target = (transformers.PreTrainedModel, "save_pretrained", lambda self, folder, *a, **k: disk_full(folder))
+    else:
+        target = (SnapshotCheckpointEngine, "write", lambda self, states, folder: disk_full(folder))
     work_dir = copy_run(judged_step, tmp_path)
     config = step_config(inputs, work_dir, "checkpoint_interval=1")
     engines = Engines(config, replay)
