@@ -163,6 +163,11 @@ ROWS = [
     Row("GPU backend on a CPU machine", **show("rollout_config:\n  backend: lmdeploy\n"),
         message=INVALID + "rollout_config.backend 'lmdeploy' needs LMDeploy and a GPU: pip install 'rlx[gpu]' "
         "(or use backend 'transformers')"),
+    Row("LoRA of rank 0", ["config", "show", "{params}", "-S", "train_worker_cfg.lora.rank=0"],
+        "{params}: invalid configuration: train_worker_cfg.lora.rank: Input should be greater than 0; got 0"),
+    Row("LoRA on a module the model lacks", ["fit", "{params}", "-S", "train_worker_cfg.lora.target_modules=[q_proj, attn]"],
+        "train_worker_cfg.lora.target_modules: attn not among the linear modules of the model in load_from {model}: "
+        "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or all-linear)"),
     Row("bad YAML", **show("dataflow_config: [unclosed\n"),
         message="{d}/params.yaml: not valid YAML at line 2, column 1 (expected ',' or ']', but got '<stream end>')"),
     Row("duplicate key", **show("seed: 1\ndataflow_config:\n  prompt_repeat_k: 4\n  prompt_repeat_k: 8\n"),

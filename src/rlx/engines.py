@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rlx import faults
+from rlx import faults, lora, seeds
 from rlx.artifacts import read_json
 from rlx.config import RLTrainerConfig
 from rlx.data import PromptPool, prompt_ids, run_length
@@ -33,12 +33,17 @@ from rlx.trainer import DEEPSPEED_TAG, PolicyTrainer, TrainerSnapshot
 log = logging.getLogger(__name__)
 
 
-def load_policy(path, dtype: str = "float32"):
+def load_policy(path, dtype: str = "float32", base: Path | None = None):
     """A HF model folder for inference (on the GPU when there is one), with a clear error when it is missing or not one.
     Weights load from safetensors only: a pickled ``*.bin`` checkpoint could run code when read. On a GPU they
     load in ``dtype`` (``rollout_config.dtype`` for a copy only sampled or scored; 'auto': the checkpoint's own);
-    on CPU always in float32, where half precision is slow and the tests compare exact values."""
+    on CPU always in float32, where half precision is slow and the tests compare exact values. A LoRA
+    adapter's folder loads onto ``base``, the model it was trained on (``load_from``)."""
     path = Path(path)
+    if lora.is_adapter(path):
+        if base is None:
+            raise UserError(f"{path}: a LoRA adapter, which loads onto its base model (load_from); none given")
+        return lora.with_adapter(load_policy(base, dtype), path).eval()
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: not a model folder (no config.json)")
     if not any(path.glob("*.safetensors")):
@@ -156,9 +161,16 @@ class Engines:
 
     @cached_property
     def reference(self):
-        """The frozen base model, loaded only when a KL term needs it."""
+        """The frozen base model, loaded only when a KL term needs it (not under LoRA: the trainer's
+        base with its adapter switched off is the reference)."""
         model = load_policy(self.config.load_from, self.config.rollout_config.dtype)
         return model.requires_grad_(False)
+
+    @property
+    def base(self) -> Path:
+        """The model a LoRA adapter loads onto: checkpoint 0's copy of it (in the run's folder, found from any
+        working directory) or, before that is written, ``load_from``."""
+        return self.layout.step(0).policy if 0 in self.layout.checkpoints() else self.config.load_from
 
     def policy(self, step: int):
         """The policy after ``step`` training steps (step 0: the base model), for generation: the
@@ -167,7 +179,8 @@ class Engines:
             return self._trainer.module
         if self._policy_step != step:
             if step in self.layout.checkpoints():
-                self._policy = self.checked(load_policy(self.layout.step(step).policy), step)
+                folder = self.layout.step(step).policy
+                self._policy = self.checked(load_policy(folder, base=self.base), step)
             elif step == 0:  # before checkpoint 0 is written (a cold `dvc repro` may run it later)
                 self._policy = load_policy(self.config.load_from)
             else:
@@ -178,16 +191,18 @@ class Engines:
     def sampler(self, step: int) -> Sampler:
         """The rollout engine, holding the policy after ``step`` steps. LMDeploy's engine is started
         once, from the newest checkpoint folder at or before ``step``, and then given each new policy
-        from memory: the trainer's when it holds that step (warm `rlx fit`), else loaded or replayed."""
+        from memory: the trainer's when it holds that step (warm `rlx fit`), else loaded or replayed; a
+        LoRA policy as merged weights (LMDeploy 0.18 takes adapters only when it starts)."""
         config = self.config.rollout_config
         if config.backend == "transformers":
             return TransformersSampler(self.policy(step), self.tokenizer, config)
         if self._lmdeploy is None:
-            saved = self.layout.checkpoints(upto=step)
-            folder = self.layout.step(saved[-1]).policy if saved else self.config.load_from
+            # a LoRA checkpoint is an adapter, which LMDeploy cannot take for weights it updates: start from the base
+            saved = [] if self.config.train_worker_cfg.lora else self.layout.checkpoints(upto=step)
+            folder = self.layout.step(saved[-1]).policy if saved else self.base
             self._lmdeploy, self._lmdeploy_step = self.sampler_at(folder), saved[-1] if saved else 0
         if self._lmdeploy_step != step:
-            self._lmdeploy.load_weights(self.policy(step).state_dict())
+            self._lmdeploy.load_weights(lora.full_weights(self.policy(step)))  # a LoRA policy merged
         self._lmdeploy_step = step
         return self._lmdeploy
 
@@ -234,7 +249,14 @@ class Engines:
         paths = self.layout.step(step)
         policy = paths.policy if step or 0 in self.layout.checkpoints() else self.config.load_from
         worker = self.config.train_worker_cfg
-        trainer = PolicyTrainer(worker, policy, paths.trainer_state, total_steps * worker.optimizer_steps)
+        trainer = PolicyTrainer(
+            worker,
+            policy,
+            paths.trainer_state,
+            total_steps * worker.optimizer_steps,
+            base_dir=self.base,
+            seed=seeds.derive(self.config.seed, 0),  # a new LoRA adapter's initial A
+        )
         if step:
             self.checked(trainer.module, step, trainer.fingerprint, paths.trainer_state)
         return trainer
@@ -255,14 +277,30 @@ class Engines:
             self._lmdeploy.sleep()
 
     def write_policy(self, step: int, folder: Path) -> Path:
-        """Step ``step``'s policy as a HF folder (written whole, under a temporary name first)."""
+        """Step ``step``'s policy as a HF folder (written whole, under a temporary name first); a LoRA
+        policy merged into a full model, which ``from_pretrained`` loads without peft."""
         from rlx.artifacts import atomic_dir
 
+        policy = self.policy(step)
         with atomic_dir(folder) as tmp:
-            self.policy(step).save_pretrained(tmp, safe_serialization=True)
+            if lora.is_lora(policy):
+                self.write_merged(policy, tmp)
+            else:
+                policy.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
             faults.point("policy.write")
         return folder
+
+    def write_merged(self, policy, folder: Path) -> None:
+        """A LoRA policy as ``W + scale x B A`` on a fresh copy of the base (the policy itself stays as it
+        is: it may be the trainer's); its adapter alone stays in ``adapter/`` when ``lora.export_adapter``."""
+        import shutil
+
+        adapter = folder / "adapter"
+        policy.save_pretrained(adapter, safe_serialization=True)
+        lora.merged(load_policy(adapter, base=self.base)).save_pretrained(folder, safe_serialization=True)
+        if not self.config.train_worker_cfg.lora.export_adapter:
+            shutil.rmtree(adapter)
 
     def trainer_advanced_to(self, step: int) -> None:
         """Record that the trainer's in-memory policy is now the one saved for ``step``."""

@@ -97,6 +97,7 @@ class Run:
         for), else re-created by replay into ``out`` (default ``<work_dir>/materialized/step-N``, reused)."""
         from rlx.config import load
         from rlx.engines import Engines
+        from rlx.lora import is_adapter
         from rlx.stages.train import replay
 
         paths = self.layout.step(step)
@@ -106,9 +107,9 @@ class Run:
         if out is None and (folder / "config.json").is_file():
             return folder
         engines = Engines(load(self.layout.config, [f"work_dir={self.work_dir}"]), replay)
-        if out is None and step in self.layout.checkpoints():
+        if out is None and step in self.layout.checkpoints() and not is_adapter(paths.policy):
             engines.policy(step)  # its weights checked against the step's fingerprint
-            return paths.policy
+            return paths.policy  # (a LoRA checkpoint holds an adapter: it is merged into ``folder``)
         return engines.write_policy(step, folder)
 
     def eval_samples(self, step: int) -> pd.DataFrame:

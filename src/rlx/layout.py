@@ -34,6 +34,7 @@ from pathlib import Path
 
 ITERATION = ["prepare", "rollout", "judge", "train", "checkpoint", "evaluate", "export"]  # every step's stages
 STAGES = ["base", *ITERATION]  # base: step 0, the starting policy and its evaluation
+POLICY_MARKS = ("config.json", "adapter_config.json")  # a policy folder: a full model, or a LoRA adapter
 
 
 def _file(name: str) -> property:
@@ -86,8 +87,9 @@ class RunLayout:
         """Steps holding a finished checkpoint (at or before ``upto``), in order: its stage's metrics
         (written last) say it saved, and every file it recorded is there at its size (retention prunes
         old ones; a damaged one is not a checkpoint until its stage has written it again)."""
-        folders = Path(self.work_dir).glob("step-*/policy/config.json")  # only steps that wrote weights
-        steps = sorted(int(path.parents[1].name.removeprefix("step-")) for path in folders)
+        # only steps that wrote weights: a model's config.json, or a LoRA adapter's adapter_config.json
+        folders = {path.parent for name in POLICY_MARKS for path in Path(self.work_dir).glob(f"step-*/policy/{name}")}
+        steps = sorted(int(path.parent.name.removeprefix("step-")) for path in folders)
         return [step for step in steps if (upto is None or step <= upto) and self.holds_checkpoint(step)]
 
     def holds_checkpoint(self, step: int) -> bool:

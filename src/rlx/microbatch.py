@@ -135,10 +135,7 @@ def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer
                 kept = torch.tensor([rollouts[i]["finish_reason"] != "length" for i in indices], dtype=batch.mask.dtype)
                 batch.mask = batch.mask * kept.unsqueeze(-1)
             old = None if reuses_old_logprobs(config) else trainer.logprobs(batch, temperature)
-            ref = None
-            if needs_reference:
-                with torch.no_grad():
-                    ref = token_logprobs(engines.reference, batch, temperature)[0]
+            ref = trainer.reference_logprobs(batch, temperature, lambda: engines.reference) if needs_reference else None
             rollout = rollout_logprobs(rollouts, indices, batch.mask)
             padding = position * ranks + me >= len(everyone)  # a repeat that only keeps the ranks in step
             micros.append(

@@ -116,6 +116,10 @@ def check_model(config: RLTrainerConfig) -> None:
     from rlx.engines import Engines
 
     Engines(config).tokenizer  # noqa: B018 (loading it checks it: folder, chat template, vocabulary)
+    if config.train_worker_cfg.lora is not None:
+        from rlx.lora import check_model as check_lora
+
+        check_lora(config.train_worker_cfg.lora, config.load_from)
     for weights in sorted(Path(config.load_from).glob("*.safetensors")):
         try:
             with safe_open(weights, "pt"):

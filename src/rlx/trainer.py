@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlx import distributed, faults
+from rlx import distributed, faults, lora
 from rlx.artifacts import read_json, write_json
 from rlx.config import LRConfig, WorkerConfig
 from rlx.fingerprint import fingerprint
@@ -107,21 +107,52 @@ def gradients_finite(module) -> bool:
     return all(bool(torch.isfinite(p.grad).all()) for p in module.parameters() if p.grad is not None)
 
 
+def trained_model(cfg: WorkerConfig, policy_dir: Path, base_dir: Path, seed: int):
+    """The model to train: the full policy in ``policy_dir``; under LoRA the base in ``base_dir`` with the
+    adapter in ``policy_dir`` (a new one, drawn from ``seed``, when ``policy_dir`` holds a full model: step 0)."""
+    if cfg.lora is None:
+        return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32, use_safetensors=True)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, use_safetensors=True)
+    return lora.adapt(model, cfg.lora, base_dir, policy_dir if lora.is_adapter(policy_dir) else None, seed)
+
+
+def checkpoint_engine(engine, lora: bool):
+    """How DeepSpeed reads and writes its state (rlx.safe_checkpoint): loading tensors only, saving to
+    host memory, and under LoRA the adapter only."""
+    from rlx.safe_checkpoint import SnapshotCheckpointEngine
+
+    trainable = {name for name, p in engine.module.named_parameters() if p.requires_grad} if lora else None
+    return SnapshotCheckpointEngine(engine._config, trainable)
+
+
 class PolicyTrainer:
     """A policy under training: load from a step's folders, update, save to the next step's."""
 
-    def __init__(self, cfg: WorkerConfig, policy_dir: Path, state_dir: Path, total_optimizer_steps: int):
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        policy_dir: Path,
+        state_dir: Path,
+        total_optimizer_steps: int,
+        base_dir: Path | None = None,
+        seed: int = 0,
+    ):
         import deepspeed
 
-        from rlx.safe_checkpoint import SnapshotCheckpointEngine  # both import DeepSpeed, which takes seconds
-
         distributed.ensure_rendezvous()
-        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32, use_safetensors=True)
+        model = trained_model(cfg, policy_dir, base_dir or policy_dir, seed)
+        self.lora = lora.is_lora(model)
         if cfg.deepspeed.activation_checkpointing:
             model.gradient_checkpointing_enable()
+            if self.lora:  # the frozen embeddings give no gradient, which the recomputed layers need as input
+                model.enable_input_require_grads()
         optim = cfg.optim_cfg
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(cfg.lr_cfg, step, total_optimizer_steps, optim.lr)
@@ -129,9 +160,9 @@ class PolicyTrainer:
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg)
         )
-        self.engine.checkpoint_engine = SnapshotCheckpointEngine(self.engine._config)
-        if (state_dir / DEEPSPEED_TAG).is_dir():
-            self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG)
+        self.engine.checkpoint_engine = checkpoint_engine(self.engine, self.lora)
+        if (state_dir / DEEPSPEED_TAG).is_dir():  # a LoRA state holds the adapter only: the base is base_dir's
+            self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG, load_module_strict=not self.lora)
         self.state = (
             read_json(state_dir / "state.json").get("extra", {}) if (state_dir / "state.json").is_file() else {}
         )
@@ -144,6 +175,29 @@ class PolicyTrainer:
     def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
         self.engine.module.eval()
         return token_logprobs(self.engine.module, batch, temperature)[0]
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TokenBatch, temperature: float, frozen) -> torch.Tensor:
+        """The KL reference's log-probs: under LoRA this very module with its adapter switched off (the base,
+        without a second copy in memory); otherwise ``frozen()``'s, the frozen base model."""
+        if not self.lora:
+            return token_logprobs(frozen(), batch, temperature)[0]
+        self.engine.module.eval()
+        with self.engine.module.disable_adapter():
+            return token_logprobs(self.engine.module, batch, temperature)[0]
+
+    @property
+    def trainable_parameters(self) -> int:
+        return lora.trainable_parameters(self.engine.module)
+
+    def optimizer_state_bytes(self) -> int:
+        """What this rank's optimizer keeps besides the weights (AdamW's moments of the trainable part,
+        ZeRO's shard of them): the memory LoRA saves."""
+        optimizer = self.engine.optimizer
+        while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+            optimizer = optimizer.optimizer  # DeepSpeed's wrappers hold the torch optimizer that keeps the state
+        tensors = [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.module.train()
@@ -202,7 +256,8 @@ class PolicyTrainer:
 
         checkpoints = self.engine.checkpoint_engine
         with self.full_parameters():
-            policy = host_copy(self.module.state_dict(), checkpoints.copies) if distributed.is_main() else None
+            weights = checkpoints.only_trainable(self.module.state_dict())  # peft saves an adapter from these
+            policy = host_copy(weights, checkpoints.copies) if distributed.is_main() else None
         with tempfile.TemporaryDirectory(prefix="rlx-snapshot-") as scratch:
             self.engine.save_checkpoint(scratch, tag=DEEPSPEED_TAG, save_latest=False)
             states = checkpoints.take(scratch)
@@ -213,10 +268,10 @@ class PolicyTrainer:
 
 @dataclass
 class TrainerSnapshot:
-    """A trainer's state in host memory, to be written as a checkpoint: the policy (rank 0's whole
-    state dict, written as a HF folder), DeepSpeed's files (every rank its shard), the files DeepSpeed
-    wrote itself (its recovery scripts) and ``state``: what else the next step needs (e.g. an
-    adaptive KL coefficient)."""
+    """A trainer's state in host memory, to be written as a checkpoint: the policy (rank 0's state
+    dict, written as a HF folder; under LoRA the adapter's, as peft's folder), DeepSpeed's files (every
+    rank its shard), the files DeepSpeed wrote itself (its recovery scripts) and ``state``: what else
+    the next step needs (e.g. an adaptive KL coefficient)."""
 
     module: object  # for its config and how it names its weights; its tensors are not read
     tokenizer: object

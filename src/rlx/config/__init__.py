@@ -24,6 +24,7 @@ from rlx.config.training import (
     AdvantageEstimatorConfig,
     DeepSpeedConfig,
     KLControlConfig,
+    LoraConfig,
     LossConfig,
     LRConfig,
     PolicyLossConfig,
@@ -34,8 +35,8 @@ from rlx.config.training import (
 __all__ = [
     "AcceleratorResourcesConfig", "AdamWConfig", "AdvantageEstimatorConfig", "ConfigError", "DataFlowConfig",
     "DatasetConfig", "DeepSpeedConfig", "EvalDatasetConfig", "EvaluatorConfig", "JudgerConfig", "JudgerItemConfig",
-    "KLControlConfig", "LRConfig", "LoadCheckpointConfig", "LossConfig", "OverlongBufferConfig", "PolicyLossConfig",
-    "RLTrainerConfig", "ReplayBufferConfig", "RolloutConfig", "RolloutCorrectionConfig", "RunPointer", "SampleParams",
-    "Section", "SyntheticTaskConfig", "TinyModelConfig", "WandbConfig", "WorkerConfig", "apply_override",
-    "json_schema", "load", "preset_overrides", "read_yaml", "to_yaml", "unsupported_reason",
+    "KLControlConfig", "LRConfig", "LoadCheckpointConfig", "LoraConfig", "LossConfig", "OverlongBufferConfig",
+    "PolicyLossConfig", "RLTrainerConfig", "ReplayBufferConfig", "RolloutConfig", "RolloutCorrectionConfig",
+    "RunPointer", "SampleParams", "Section", "SyntheticTaskConfig", "TinyModelConfig", "WandbConfig", "WorkerConfig",
+    "apply_override", "json_schema", "load", "preset_overrides", "read_yaml", "to_yaml", "unsupported_reason",
 ]  # fmt: skip

@@ -29,7 +29,9 @@ def apply_override(tree: dict[str, Any], override: str) -> None:
         if isinstance(node, list):
             node = node[_list_index(node, part, path)]
         elif isinstance(node, dict):
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # a section left out or off (``lora: null``): setting a field in it turns it on
+                node[part] = {}
+            node = node[part]
         else:
             raise ConfigError(f"override {override!r}: {path} is a {type(node).__name__}, not a section")
     if isinstance(node, list):

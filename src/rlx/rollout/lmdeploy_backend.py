@@ -25,7 +25,7 @@ import asyncio
 import base64
 import io
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -150,10 +150,11 @@ def in_process_payload(bucket: Mapping[str, torch.Tensor]) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def buckets(weights: Mapping[str, torch.Tensor], limit: int) -> Iterator[dict[str, torch.Tensor]]:
-    """The weights in groups of at most ``limit`` bytes (a bigger tensor goes alone)."""
+def buckets(weights: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator[dict[str, torch.Tensor]]:
+    """The weights in groups of at most ``limit`` bytes (a bigger tensor goes alone), taken from
+    ``weights`` only as each group is made (merged LoRA weights are made as they are read)."""
     bucket, size = {}, 0
-    for name, tensor in weights.items():
+    for name, tensor in weights:
         nbytes = tensor.numel() * tensor.element_size()
         if bucket and size + nbytes > limit:
             yield bucket
@@ -230,8 +231,10 @@ class LMDeploySampler:
         if not self.engine.is_sleeping:
             self._run(self.engine.sleep(level=2))
 
-    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Put a new policy into the running engine, by LMDeploy's protocol (see the module's docstring)."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Put a new policy, ``(name, tensor)`` pairs by the HF model's names, into the running engine by
+        LMDeploy's protocol (see the module's docstring): every weight, since the engine's level-2 sleep
+        dropped them. One bucket is in flight at a time; the last one says ``finished``."""
         if self.backend != "pytorch":
             raise UserError("rlx updates LMDeploy's weights in its PyTorch engine only: set lmdeploy_backend 'pytorch'")
         from lmdeploy.serve.openai.protocol import UpdateParamsRequest
@@ -239,13 +242,15 @@ class LMDeploySampler:
         agent = self.engine.engine.executor.model_agent
         self.sleep()
         self._call(self.engine.wakeup, ["weights"])
-        groups = list(buckets(weights, BUCKET_BYTES))
+        groups = buckets(weights, BUCKET_BYTES)
+        bucket = next(groups, None)
         try:
-            for index, bucket in enumerate(groups):
-                request = UpdateParamsRequest(
-                    serialized_named_tensors=in_process_payload(bucket), finished=index == len(groups) - 1
-                )
+            while bucket is not None:
+                following = next(groups, None)
+                payload = in_process_payload(bucket)
+                request = UpdateParamsRequest(serialized_named_tensors=payload, finished=following is None)
                 self._call(agent.update_params, request)
+                bucket = following
         finally:
             _IN_PROCESS.clear()
         self._call(self.engine.complete_weights_update)

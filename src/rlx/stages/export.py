@@ -23,7 +23,11 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     record = {"step": step, "exported": False}
     if is_due(config, step, engines.recorded_length(step)):
         target = engines.write_policy(step, layout.hf_export(step))
-        files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(target.iterdir())}
+        files = {
+            str(f.relative_to(target)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(target.rglob("*"))
+            if f.is_file()  # a LoRA export's adapter/ included
+        }
         record.update(exported=True, path=str(target), files=files)
         prune_exports(layout, config.hf_max_keep)
     write_json(record, paths.export_record)

@@ -89,6 +89,8 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     weights = trainer.fingerprint()
     metrics["time/fingerprint"] = time.perf_counter() - started
     metrics["train/rank_weight_spread"] = trainer.rank_weight_spread(weights)
+    metrics["train/trainable_params"] = trainer.trainable_parameters  # LoRA: the adapter's, a fraction of the model
+    metrics["train/optimizer_state_bytes"] = trainer.optimizer_state_bytes()
     engines.trainer_advanced_to(step)
     paths = engines.layout.step(step)
     if distributed.is_main():
