@@ -1,12 +1,13 @@
 """The device bundle (`make gpu-bundle`): cp312 manylinux x86_64 wheels of what a GPU run needs and
 the lent GPU machine lacks, for `pip install --no-index --no-deps --target DIR` there (it has no network).
 
-The machine has torch 2.11 (CUDA 13), transformers 5.17, triton 3.6, safetensors, accelerate, peft,
+The machine has torch 2.11 (CUDA 13), transformers 5.17, triton 3.6, safetensors, accelerate,
 pyarrow, pandas, typer, rich, pytest and pytest-benchmark, with their own dependencies (``DEVICE_HAS``).
 LMDeploy travels without its TurboMind library (363 MB; the PyTorch engine does not load it) and with
 only the dependencies its PyTorch-engine modules import (``LMDEPLOY_NEEDS``; its full list also names
 ray, rdkit, torchvision, tilelang, opencv and more, which that path never imports). W&B stays behind:
-the GPU check runs with ``wandb.mode: disabled``, which never imports it.
+the GPU check runs with ``wandb.mode: disabled``, which never imports it. peft travels although the
+machine has one: rlx pins 0.14.0 (LMDeploy's ceiling), and the check runs what the CPU tests ran.
 
     python scripts/gpu_bundle.py build .gpu-bundle           # the wheels, then the size check
     python scripts/gpu_bundle.py size .gpu-bundle            # missing or over 60 MiB: one line, exit 2
@@ -37,14 +38,18 @@ LMDEPLOY_NEEDS = [
     "requests",
     "prometheus-client",
 ]
-RLX_NEEDS = ["dvc", "math-verify", "pydantic", "ruamel.yaml", "ruamel.yaml.clib", "pyyaml"]
+RLX_NEEDS = ["peft", "dvc", "math-verify", "pydantic", "ruamel.yaml", "ruamel.yaml.clib", "pyyaml"]
 DEEPSPEED_NEEDS = ["hjson", "msgpack", "ninja", "nvidia-ml-py", "einops"]
 BUILT_HERE = ["deepspeed", "antlr4-python3-runtime"]  # published as source only: built into pure-Python wheels
 DEVICE_HAS = {
-    *"torch transformers triton safetensors accelerate peft pyarrow pandas typer rich pytest pytest-benchmark".split(),
+    *"torch transformers triton safetensors accelerate pyarrow pandas typer rich pytest pytest-benchmark".split(),
     *"numpy packaging pyyaml regex tokenizers huggingface-hub hf-xet tqdm filelock fsspec typing-extensions".split(),
     *"jinja2 markupsafe networkx sympy mpmath setuptools psutil python-dateutil pytz tzdata six click".split(),
     *"shellingham markdown-it-py mdurl pygments iniconfig pluggy py-cpuinfo".split(),
+    # in the device image too (KINDS.md's package list), so left behind: 12 MiB of headroom
+    *"pillow requests urllib3 certifi idna charset-normalizer attrs aiohttp multidict yarl frozenlist".split(),
+    *"aiosignal propcache aiohappyeyeballs anyio h11 httpcore pyparsing prometheus-client msgpack ninja".split(),
+    *"einops nvidia-ml-py tabulate colorama".split(),
 }
 PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--only-binary=:all:"]
 PLATFORM += [f"--platform={tag}" for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")]
@@ -130,7 +135,10 @@ IMPORTS = ["rlx", "rlx.config", "rlx.judgers", "rlx.stages.prepare", "dvc", "dvc
            "pydantic", "lmdeploy", "lmdeploy.serve.openai.protocol", "deepspeed"]  # fmt: skip
 DEVICE_LIKE = ["transformers==5.17.0", "typer", "rich", "sympy", "jinja2", "networkx", "fsspec", "filelock",
                "psutil", "typing-extensions", "packaging", "pyyaml", "tqdm", "numpy", "python-dateutil",
-               "safetensors"]  # fmt: skip
+               "safetensors", "pillow", "requests", "urllib3", "certifi", "idna", "charset-normalizer", "attrs",
+               "aiohttp", "multidict", "yarl", "frozenlist", "aiosignal", "propcache", "aiohappyeyeballs", "anyio",
+               "h11", "httpcore", "pyparsing", "prometheus-client", "msgpack", "einops", "nvidia-ml-py", "tabulate",
+               "colorama", "sniffio"]  # fmt: skip
 STOPS_AT_DEVICE = re.compile(r"No module named '(torch|triton|accelerate|peft|pyarrow|pandas)'")
 
 
@@ -143,6 +151,8 @@ DEVICE_MODULES = {
     "dateutil",
     "pkg_resources",
     "cpuinfo",
+    "PIL",
+    "pynvml",
 }
 LOADED = {
     "lmdeploy": ["lmdeploy", "lmdeploy.serve.openai.protocol", "lmdeploy.pytorch.engine.engine",

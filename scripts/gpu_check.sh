@@ -16,4 +16,4 @@ if ! "$PYTHON" -c "import lmdeploy" 2>/dev/null; then
 fi
 "$PYTHON" -c "import torch, sys; torch.cuda.is_available() or sys.exit('error: the GPU check needs a CUDA GPU; none is visible here')" || exit 2
 export WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-exec timeout 540 "$PYTHON" -m pytest tests/gpu -m gpu -s -p no:cacheprovider -o addopts="-ra"
+exec timeout 540 "$PYTHON" -m pytest tests/gpu -m gpu -s -p no:cacheprovider -o addopts="-ra" "$@"

@@ -9,9 +9,12 @@ to ``$RLX_GPU_REPORT`` (default ``gpu_check.json`` in pytest's temp folder), has
   prompts x 256 new tokens (every response runs to 256);
 - ``weight_sync``: one bf16 AdamW update, sent to the running engine; LMDeploy's log-probs of a fixed
   greedy batch against the trainer's before it (they must differ) and after it (they must agree);
+- ``lora_weight_sync``: the same for a LoRA policy (peft adapter, one update), sent as merged weights;
 - ``pipeline``: 5 `rlx fit` steps with LMDeploy rollouts and bf16 ZeRO-2, with each step's time
   breakdown, peak GPU memory and ``perf/throughput`` as verl logs it (prompt plus response tokens of
-  the step, per second of the step, per GPU).
+  the step, per second of the step, per GPU);
+- ``lora_pipeline``: 3 such steps training a rank-16 LoRA adapter, with its parameter and optimizer-state
+  counts.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ QWEN25_05B = dict(
 ENGINE: dict = {}  # the LMDeploy sampler the first two parts share (one engine start)
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def report(tmp_path_factory):
+    """The report so far, written after every part: a part that hangs past the script's limit loses
+    only its own figures."""
     yield REPORT
     path = Path(os.environ.get("RLX_GPU_REPORT", tmp_path_factory.getbasetemp() / "gpu_check.json"))
     path.write_text(json.dumps(REPORT, indent=2) + "\n")
@@ -159,12 +164,44 @@ def test_weight_sync_after_one_bf16_update(qwen_shaped):
         optimizer.step()
         stale = agreement(policy, before, tokenizer.pad_token_id)
         started = time.perf_counter()
-        sampler.load_weights(policy.state_dict())
+        sampler.load_weights(policy.state_dict().items())
+        sync_s = time.perf_counter() - started
+        synced = agreement(policy, sampler.generate(prompts, greedy, seed=0), tokenizer.pad_token_id)
+    except BaseException:
+        close_engine()
+        raise
+    REPORT["weight_sync"] = {"before_update": start, "stale": stale, "after_sync": synced, "sync_s": sync_s}
+    assert stale["mismatch/abs_logprob_diff"] > 10 * synced["mismatch/abs_logprob_diff"]
+    assert synced["mismatch/k3_kl"] < 1e-2
+
+
+def test_a_lora_policy_syncs_as_merged_weights(qwen_shaped):
+    """A LoRA policy (peft, rank 16 on every linear layer) after one bf16 update of its adapter reaches
+    the running engine as merged weights (``rlx.lora.full_weights``); LMDeploy's log-probs then agree
+    with the adapted model's, as after a full-weight sync."""
+    from peft import get_peft_model
+
+    from rlx.config import LoraConfig
+    from rlx.lora import full_weights, peft_config
+
+    cfg, _, tokenizer = qwen_shaped
+    try:
+        sampler = lmdeploy_sampler(cfg.tiny_model.output_dir, tokenizer)
+        policy = get_peft_model(load_policy(cfg.tiny_model.output_dir, "bfloat16"), peft_config(LoraConfig(rank=16)))
+        prompts, greedy = questions(tokenizer, 32), SampleParams(max_tokens=32, temperature=0.0, do_sample=False)
+        responses = [g.response_ids for g in sampler.generate(prompts, greedy, seed=0)]
+        batch = TokenBatch.from_ids(prompts, responses, tokenizer.pad_token_id)
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+        (-(token_logprobs(policy, batch)[0] * batch.mask).sum() / batch.mask.sum()).backward()
+        optimizer.step()
+        stale = agreement(policy, sampler.generate(prompts, greedy, seed=0), tokenizer.pad_token_id)
+        started = time.perf_counter()
+        sampler.load_weights(full_weights(policy))
         sync_s = time.perf_counter() - started
         synced = agreement(policy, sampler.generate(prompts, greedy, seed=0), tokenizer.pad_token_id)
     finally:
         close_engine()
-    REPORT["weight_sync"] = {"before_update": start, "stale": stale, "after_sync": synced, "sync_s": sync_s}
+    REPORT["lora_weight_sync"] = {"stale": stale, "after_sync": synced, "sync_s": sync_s}
     assert stale["mismatch/abs_logprob_diff"] > 10 * synced["mismatch/abs_logprob_diff"]
     assert synced["mismatch/k3_kl"] < 1e-2
 
@@ -177,37 +214,53 @@ def verl_throughput(layout: RunLayout, step: int, seconds: float) -> float:
     return sum(len(row["prompt_ids"]) + len(row["response_ids"]) for row in table) / seconds
 
 
-def test_five_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):
+PIPELINE = [
+    "resources.accelerator=GPU",
+    "rollout_config.backend=lmdeploy",
+    "rollout_config.gpu_memory_utilization=0.3",
+    "rollout_config.context_length=1024",
+    "train_worker_cfg.deepspeed.precision=bf16",
+    "train_worker_cfg.deepspeed.zero_stage=2",
+    "dataflow_config.global_batch_size=64",
+    "dataflow_config.prompt_repeat_k=8",
+    "dataflow_config.sample_params.max_tokens=256",
+    "wandb.mode=disabled",
+]
+STEP_KEYS = ("time/", "perf/", "mismatch/", "train/trainable_params", "train/optimizer_state_bytes", "checkpoint/")
+
+
+def fit_on_gpu(tmp_path, qwen_shaped, overrides: list[str]) -> dict:
+    """`rlx fit` of the demo project with the Qwen2.5-0.5B-shaped model: each step's times and sizes."""
     from rlx.fit import fit
 
+    close_engine()
     cfg, metrics, _ = qwen_shaped
     project = make_project(tmp_path, (cfg, metrics))
-    overrides = [
-        "resources.accelerator=GPU",
-        "rollout_config.backend=lmdeploy",
-        "rollout_config.gpu_memory_utilization=0.3",
-        "rollout_config.context_length=1024",
-        "train_worker_cfg.deepspeed.precision=bf16",
-        "train_worker_cfg.deepspeed.zero_stage=2",
-        "rollout_steps=5",
-        "dataflow_config.global_batch_size=64",
-        "dataflow_config.prompt_repeat_k=8",
-        "dataflow_config.sample_params.max_tokens=256",
-        "wandb.mode=disabled",
-    ]
     torch.cuda.reset_peak_memory_stats()
     with contextlib.chdir(project):
         history = fit(project / "params.yaml", overrides)
         layout = RunLayout(config.load(project / "params.yaml", overrides).work_dir.resolve())
-    REPORT["pipeline"] = {
+    return {
         "peak_gpu_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,  # engine and trainer: one process
         "peak_gpu_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "steps": [
             {
-                **{k: v for k, v in m.items() if k.startswith(("time/", "perf/", "mismatch/"))},
+                **{k: v for k, v in m.items() if k.startswith(STEP_KEYS)},
                 "perf/throughput": verl_throughput(layout, step, m["time/step"]),
             }
             for step, m in enumerate(history, start=1)
         ],
     }
-    assert len(history) == 5
+
+
+def test_five_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):
+    REPORT["pipeline"] = fit_on_gpu(tmp_path, qwen_shaped, [*PIPELINE, "rollout_steps=5"])
+    assert len(REPORT["pipeline"]["steps"]) == 5
+
+
+def test_three_lora_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):
+    """The same run with a rank-16 LoRA adapter: LMDeploy starts from the base and gets merged weights."""
+    lora = ["train_worker_cfg.lora={rank: 16, alpha: 32.0}", "train_worker_cfg.optim_cfg.lr=1e-5"]
+    REPORT["lora_pipeline"] = fit_on_gpu(tmp_path, qwen_shaped, [*PIPELINE, *lora, "rollout_steps=3"])
+    steps = REPORT["lora_pipeline"]["steps"]
+    assert len(steps) == 3 and 0 < steps[0]["train/trainable_params"] < 5e7
