@@ -48,6 +48,41 @@ def demo_overrides(steps: int) -> list[str]:
     ]
 
 
+# Model-size runs (test_model_size, test_lora_cost): random-init Qwen3 models with the demo tokenizer,
+# the tiny batch (2 prompts x 2 responses x 8 tokens), a checkpoint every 5 steps, 6 steps: checkpoints
+# at 0, 5 and 6, so steps 2-4 are steady steps without one.
+STEPS, INTERVAL = 6, 5
+MODEL_SHAPES = {"1M": (160, 4), "25M": (512, 8), "200M": (1024, 16)}  # (hidden size, layers)
+TINY_BATCH = [
+    f"rollout_steps={STEPS}",
+    f"checkpoint_interval={INTERVAL}",
+    "checkpoint_maxkeep=-1",
+    "hf_interval=-1",
+    "dataflow_config.global_batch_size=2",
+    "dataflow_config.prompt_repeat_k=2",
+    "dataflow_config.sample_params.max_tokens=8",
+    "dataflow_config.sample_params.min_tokens=8",
+    "evaluator_config.enable_evaluate=false",
+    "evaluator_config.enable_initial_evaluate=false",
+    "wandb.enabled=false",
+]
+
+
+def random_model(project: Path, size: str, scratch: Path) -> tuple[Path, int]:
+    """A random-init Qwen3 of ``size`` (a :data:`MODEL_SHAPES` name) in the project's data: its folder
+    and parameter count."""
+    hidden, layers = MODEL_SHAPES[size]
+    folder = project / "data" / f"qwen3-{size}"
+    built = run_workload(
+        "random_model", scratch, tokenizer_dir=project / "data/tiny-qwen3", out_dir=folder, hidden=hidden, layers=layers
+    )
+    return folder, built["parameters"]
+
+
+def step_bytes(step_dir: Path) -> int:
+    return sum(f.stat().st_size for f in step_dir.rglob("*") if f.is_file())
+
+
 def record(name: str, value) -> None:
     """Keep one raw measurement of this session and rewrite the results file with all of them."""
     MEASURED[name] = value

@@ -130,12 +130,22 @@ def overhead(runs: list[dict]) -> dict:
     }
 
 
-def lineage_cost(measured: dict) -> dict:
-    """One model size's run: medians over its steady non-checkpoint steps (not the first, nor a checkpoint
-    step, nor the one after it, which may wait for that checkpoint), and its checkpoint steps."""
-    history, responses = [{"step": n, **m} for n, m in enumerate(measured["history"], start=1)], 4
+def numbered(history: list[dict]) -> list[dict]:
+    return [{"step": n, **m} for n, m in enumerate(history, start=1)]
+
+
+def plain_steps(history: list[dict]) -> list[dict]:
+    """A run's steady non-checkpoint steps (``numbered``): not the first, nor a checkpoint step, nor the
+    one after it, which may wait for that checkpoint."""
     checkpoint_steps = [m["step"] for m in history if m.get("checkpoint/saved")]
-    plain = [m for m in history[1:] if not m.get("checkpoint/saved") and m["step"] - 1 not in checkpoint_steps]
+    return [m for m in history[1:] if not m.get("checkpoint/saved") and m["step"] - 1 not in checkpoint_steps]
+
+
+def lineage_cost(measured: dict) -> dict:
+    """One model size's run: medians over its plain steps, and its checkpoint steps."""
+    history, responses = numbered(measured["history"]), 4
+    checkpoint_steps = [m["step"] for m in history if m.get("checkpoint/saved")]
+    plain = plain_steps(history)
     compute = [
         generate_seconds(m, responses) + m["time/train/forward_backward"] + m["time/train/optimizer"] for m in plain
     ]
@@ -160,6 +170,36 @@ def lineage_cost(measured: dict) -> dict:
         "replay_per_update": ratio(replay["replay_s"], replay["steps"] * update_s),
         "rss_step_2_mb": measured["rss_mb"][1],
         "rss_last_mb": measured["rss_mb"][-1],
+    }
+
+
+def fit_costs(run: dict) -> dict:
+    """One `rlx fit` of the LoRA benchmark: medians over its plain steps, its checkpoints and memory."""
+    history = numbered(run["history"])
+    plain, written = plain_steps(history), [m for m in history if m.get("checkpoint/saved") and m["step"] > 1]
+    return {
+        "step_s": statistics.median(m["time/step"] for m in plain),
+        "update_s": statistics.median(m["time/train/forward_backward"] + m["time/train/optimizer"] for m in plain),
+        "peak_rss_mb": max(run["peak_rss_mb"]),
+        "trainable_params": history[-1]["train/trainable_params"],
+        "optimizer_state_bytes": history[-1]["train/optimizer_state_bytes"],
+        "bytes_kept": statistics.median(run["kept"][str(m["step"])] for m in plain),
+        "checkpoint_bytes": statistics.median(m["checkpoint/bytes"] for m in written),
+    }
+
+
+def lora_cost(measured: dict) -> dict:
+    """LoRA against full fine-tuning at one model size: each side's medians over its runs, and the
+    LoRA/full ratio of step time and peak RSS, round by round (the rounds alternate the sides)."""
+    sides = {side: [fit_costs(run) for run in measured[side]] for side in ("full", "lora")}
+    median = {side: {k: statistics.median(c[k] for c in costs) for k in costs[0]} for side, costs in sides.items()}
+    rounds = list(zip(sides["lora"], sides["full"], strict=True))
+    return {
+        "parameters": measured["parameters"],
+        **median,
+        "step_ratio": statistics.median(ratio(lo["step_s"], fu["step_s"]) for lo, fu in rounds),
+        "step_ratios": [ratio(lo["step_s"], fu["step_s"]) for lo, fu in rounds],
+        "peak_rss_ratio": statistics.median(ratio(lo["peak_rss_mb"], fu["peak_rss_mb"]) for lo, fu in rounds),
     }
 
 
@@ -219,6 +259,9 @@ def figures(measured: dict) -> dict:
     sizes = {name.removeprefix("model_size/"): m for name, m in measured.items() if name.startswith("model_size/")}
     if sizes:
         found["model_size"] = {name: lineage_cost(m) for name, m in sizes.items()}
+    lora = {name.removeprefix("lora/"): m for name, m in measured.items() if name.startswith("lora/")}
+    if lora:
+        found["lora"] = {name: lora_cost(m) for name, m in lora.items()}
     budget = {name.removeprefix("train_memory/"): m for name, m in measured.items() if name.startswith("train_memory/")}
     if budget:
         found["train_memory"] = {
@@ -344,6 +387,8 @@ def table(results: dict) -> str:
             lines.append(f"| {name} | {s['step_s']:.2f} s | {s['peak_rss_mb']:,.0f} MB |")
     if "model_size" in f:
         lines += ["", *model_size_table(f["model_size"])]
+    if "lora" in f:
+        lines += ["", *lora_table(f["lora"])]
     if "train_memory" in f:
         lines += [
             "",
@@ -371,6 +416,25 @@ def model_size_table(sizes: dict) -> list[str]:
             f"| {s['next_step_waited_s']:.2f} s | {s['replay_s']:.1f} s ({s['replay_per_update']:.2f}×) "
             f"| {s['rss_step_2_mb']:,.0f} → {s['rss_last_mb']:,.0f} MB |"
         )
+    return lines
+
+
+def lora_table(sizes: dict) -> list[str]:
+    lines = [
+        "| Model (random-init Qwen3, 2 × 2 × 8 tokens) | Trained | Trainable parameters | Step (LoRA ÷ full) "
+        "| Update | Peak RSS | Optimizer state | Kept per step | Checkpoint |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in sizes.items():
+        for side in ("full", "lora"):
+            c = s[side]
+            step = f"{c['step_s']:.2f} s" + (f" ({s['step_ratio']:.2f}×)" if side == "lora" else "")
+            lines.append(
+                f"| {name} ({s['parameters'] / 1e6:.1f} M) | {'LoRA r8' if side == 'lora' else 'full'} "
+                f"| {c['trainable_params'] / 1e6:.2f} M | {step} | {c['update_s']:.2f} s "
+                f"| {c['peak_rss_mb']:,.0f} MB | {c['optimizer_state_bytes'] / 1e6:,.1f} MB "
+                f"| {c['bytes_kept'] / 1e3:.0f} kB | {c['checkpoint_bytes'] / 1e6:,.1f} MB |"
+            )
     return lines
 
 

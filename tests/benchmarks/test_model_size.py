@@ -7,25 +7,9 @@ model: only checkpoints (every ``checkpoint_interval`` steps, in the background)
 from __future__ import annotations
 
 import pytest
-from harness import record, run_workload
+from harness import INTERVAL, MODEL_SHAPES, STEPS, TINY_BATCH, random_model, record, run_workload, step_bytes
 
 from conftest import make_project
-
-STEPS, INTERVAL = 6, 5  # checkpoints at 0, 5 and 6; steps 2-4 are steady non-checkpoint steps
-SIZES = {"1M": (160, 4), "25M": (512, 8), "200M": (1024, 16)}  # (hidden size, layers)
-RUN = [
-    f"rollout_steps={STEPS}",
-    f"checkpoint_interval={INTERVAL}",
-    "checkpoint_maxkeep=-1",
-    "hf_interval=-1",
-    "dataflow_config.global_batch_size=2",
-    "dataflow_config.prompt_repeat_k=2",
-    "dataflow_config.sample_params.max_tokens=8",
-    "dataflow_config.sample_params.min_tokens=8",
-    "evaluator_config.enable_evaluate=false",
-    "evaluator_config.enable_initial_evaluate=false",
-    "wandb.enabled=false",
-]
 
 
 @pytest.fixture(scope="module")
@@ -33,24 +17,11 @@ def size_project(tmp_path_factory, tiny_model):
     return make_project(tmp_path_factory.mktemp("sizes"), tiny_model)
 
 
-def step_bytes(step_dir) -> int:
-    return sum(f.stat().st_size for f in step_dir.rglob("*") if f.is_file())
-
-
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", MODEL_SHAPES)
 def test_lineage_cost_by_model_size(benchmark, size_project, tmp_path, size):
-    hidden, layers = SIZES[size]
-    model = size_project / "data" / f"qwen3-{size}"
-    built = run_workload(
-        "random_model",
-        tmp_path,
-        tokenizer_dir=size_project / "data/tiny-qwen3",
-        out_dir=model,
-        hidden=hidden,
-        layers=layers,
-    )
+    model, parameters = random_model(size_project, size, tmp_path)
     work_dir = f"runs/size-{size}"
-    overrides = [*RUN, f"load_from={model}"]
+    overrides = [*TINY_BATCH, f"load_from={model}"]
     result = benchmark.pedantic(
         run_workload,
         args=("fit", tmp_path),
@@ -73,7 +44,7 @@ def test_lineage_cost_by_model_size(benchmark, size_project, tmp_path, size):
     record(
         f"model_size/{size}",
         {
-            "parameters": built["parameters"],
+            "parameters": parameters,
             "history": result["history"],
             "rss_mb": [mark["rss_mb"] for mark in result["steps"]],
             "bytes_kept": kept,
