@@ -231,6 +231,9 @@ def test_any_step_of_a_lora_run_is_materialized_and_evaluated_as_a_full_model(lo
     with contextlib.chdir(project), pytest.raises(SystemExit) as exited:
         main(["eval", "runs/demo", "--step", "1", "--data", "data/arith/test.parquet", "--max-tokens", "8"])
     assert exited.value.code in (0, None) and "accuracy" in capsys.readouterr().out
+    with contextlib.chdir(project), pytest.raises(SystemExit) as exited:
+        main(["show", "runs/demo", "--step", "1", "--rows", "2"])  # the advantages that drove step 1's update
+    assert exited.value.code in (0, None) and "step 1: mean reward" in capsys.readouterr().out
     folder = project / "runs/demo/materialized/step-1"
     assert (folder / "model.safetensors").is_file() and (folder / "adapter/adapter_config.json").is_file()
     with contextlib.chdir(project):
