@@ -91,6 +91,11 @@ BEHAVIOURS = [
     ("lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent.sleep",
      ordered(r"device = 'cpu' if level == 1 else 'meta'"),
      "level-2 sleep discards the weights, so every weight is sent after waking them"),
+    ("lmdeploy.serve.core.async_engine", "AsyncEngine", absent(r"def \w*(adapter|lora)\w*\("),
+     "a running engine has no call that loads or replaces a LoRA adapter (adapters come from "
+     "PytorchEngineConfig.adapters at start): rlx sends a LoRA policy as merged weights"),
+    ("lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent", absent(r"def \w*(adapter|lora)\w*\("),
+     "nor has its model agent: its update_params takes plain weights by the model's names"),
     ("lmdeploy.pytorch.engine.engine", "Engine.wakeup",
      ordered(r"if not self\._sleeping_tags:\s+# enable ADD_MESSAGE and ADD_SESSION\s+self\._unblock_new_inputs\(\)"),
      "requests are accepted again only once weights and KV cache are both awake"),
