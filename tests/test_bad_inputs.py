@@ -460,6 +460,23 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
     assert not (work_dir / "step-2" / "train_metrics.json").exists()
 
 
+def test_non_finite_weights_are_found_without_false_alarms():
+    """The check after every update clears a parameter by its sum: NaN and +-inf are found, a finite
+    tensor whose sum overflows is not taken for one, and a frozen parameter (LoRA's base) is not read."""
+    from rlx.trainer import nonfinite_parameter
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    with torch.no_grad():
+        model[0].weight.fill_(3e38)  # every element finite, their float32 sum infinite
+    assert nonfinite_parameter(model) is None
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with torch.no_grad():
+            model[1].bias[1] = bad
+        assert nonfinite_parameter(model) == "1.bias", bad
+    model[1].bias.requires_grad_(False)
+    assert nonfinite_parameter(model) is None
+
+
 @pytest.mark.parametrize("part", ["policy", "trainer_state"])
 def test_disk_full_while_saving_a_checkpoint_keeps_the_previous_one(inputs, judged_step, tmp_path, monkeypatch, part):
     import transformers

@@ -97,10 +97,17 @@ def deepspeed_config(cfg: WorkerConfig) -> dict:
     }
 
 
+@torch.no_grad()
 def nonfinite_parameter(module) -> str | None:
-    """The first parameter holding a NaN or an infinity (an update with finite gradients can still
-    overflow the weights, e.g. at a huge learning rate), or None."""
-    return next((name for name, p in module.named_parameters() if not bool(torch.isfinite(p).all())), None)
+    """The first trained parameter holding a NaN or an infinity (an update with finite gradients can
+    still overflow the weights, e.g. at a huge learning rate), or None; frozen ones (LoRA's base) cannot
+    change. A parameter's sum is finite only if every element is, so the sum, a reduction with no
+    temporary the size of the weights, clears it (at 202 M parameters on CPU 0.03 s, against 0.32 s for
+    ``isfinite`` on every element); a sum that overflows is checked element by element."""
+    for name, p in module.named_parameters():
+        if p.requires_grad and not math.isfinite(float(p.sum())) and not bool(torch.isfinite(p).all()):
+            return name
+    return None
 
 
 def gradients_finite(module) -> bool:
