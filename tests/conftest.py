@@ -149,9 +149,10 @@ def make_project(base: Path, tiny_model) -> Path:
     gsm8k.convert(DATA / "gsm8k/train.jsonl", project / "data/gsm8k/train.parquet", "train")
     gsm8k.convert(DATA / "gsm8k/test.jsonl", project / "data/gsm8k/test.parquet", "test")
     math500.convert(DATA / "math500/test.jsonl", project / "data/math500/test.parquet")
-    if shutil.which("git"):
+    has_git = shutil.which("git") is not None  # the lent GPU machine may lack it: DVC then runs without SCM
+    if has_git:
         run(["git", "init", "-q"], project)
-    run([sys.executable, "-m", "dvc", "init", "-q", *([] if shutil.which("git") else ["--no-scm"])], project)  # GPU box
+    run([sys.executable, "-m", "dvc", "init", "-q", *([] if has_git else ["--no-scm"])], project)
     run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], project)
     # The data and model were made by the same code outside DVC: record them as its stages' outputs.
     stages = ["init_data", "init_model", "convert_gsm8k@train", "convert_gsm8k@test", "convert_math500"]

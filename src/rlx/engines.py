@@ -170,7 +170,7 @@ class Engines:
     def base(self) -> Path:
         """The model a LoRA adapter loads onto: checkpoint 0's copy of it (in the run's folder, found from any
         working directory) or, before that is written, ``load_from``."""
-        return self.layout.step(0).policy if 0 in self.layout.checkpoints() else self.config.load_from
+        return self.layout.step(0).policy if self.layout.holds_checkpoint(0) else self.config.load_from
 
     def policy(self, step: int):
         """The policy after ``step`` training steps (step 0: the base model), for generation: the
@@ -247,7 +247,7 @@ class Engines:
         over the HF folder's) checked against the step's recorded fingerprint (step 0 without its
         checkpoint: ``load_from`` with a fresh optimizer); its LR schedule spans ``total_steps``."""
         paths = self.layout.step(step)
-        policy = paths.policy if step or 0 in self.layout.checkpoints() else self.config.load_from
+        policy = paths.policy if step else self.base
         worker = self.config.train_worker_cfg
         trainer = PolicyTrainer(
             worker,

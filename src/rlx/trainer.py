@@ -123,12 +123,12 @@ def trained_model(cfg: WorkerConfig, policy_dir: Path, base_dir: Path, seed: int
     return lora.adapt(model, cfg.lora, base_dir, policy_dir if lora.is_adapter(policy_dir) else None, seed)
 
 
-def checkpoint_engine(engine, lora: bool):
+def checkpoint_engine(engine, adapter_only: bool):
     """How DeepSpeed reads and writes its state (rlx.safe_checkpoint): loading tensors only, saving to
-    host memory, and under LoRA the adapter only."""
+    host memory, and under LoRA (``adapter_only``) the adapter only."""
     from rlx.safe_checkpoint import SnapshotCheckpointEngine
 
-    trainable = {name for name, p in engine.module.named_parameters() if p.requires_grad} if lora else None
+    trainable = {name for name, p in engine.module.named_parameters() if p.requires_grad} if adapter_only else None
     return SnapshotCheckpointEngine(engine._config, trainable)
 
 

@@ -83,6 +83,11 @@ def step_bytes(step_dir: Path) -> int:
     return sum(f.stat().st_size for f in step_dir.rglob("*") if f.is_file())
 
 
+def kept_bytes(run_dir: Path) -> dict[str, int]:
+    """What each step of a model-size run keeps on disk, by step number."""
+    return {str(step): step_bytes(run_dir / f"step-{step}") for step in range(1, STEPS + 1)}
+
+
 def record(name: str, value) -> None:
     """Keep one raw measurement of this session and rewrite the results file with all of them."""
     MEASURED[name] = value

@@ -179,7 +179,7 @@ def lineage_cost(measured: dict) -> dict:
 def fit_costs(run: dict) -> dict:
     """One `rlx fit` of the LoRA benchmark: medians over its plain steps, its checkpoints and memory."""
     history = numbered(run["history"])
-    plain, written = plain_steps(history), [m for m in history if m.get("checkpoint/saved") and m["step"] > 1]
+    plain, written = plain_steps(history), [m for m in history if m.get("checkpoint/saved")]
     return {
         "step_s": statistics.median(m["time/step"] for m in plain),
         "update_s": statistics.median(m["time/train/forward_backward"] + m["time/train/optimizer"] for m in plain),

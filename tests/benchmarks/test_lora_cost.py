@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from harness import STEPS, TINY_BATCH, random_model, record, run_workload, step_bytes
+from harness import TINY_BATCH, kept_bytes, random_model, record, run_workload
 
 from conftest import make_project
 
@@ -34,7 +34,7 @@ def measured_fit(project, model, side: str, work_dir: str, scratch) -> dict:
     overrides = [*TINY_BATCH, f"load_from={model}", *SIDES[side]]
     result = run_workload("fit", scratch, project=str(project), overrides=overrides, work_dir=work_dir)
     run_dir = project / work_dir
-    kept = {str(step): step_bytes(run_dir / f"step-{step}") for step in range(1, STEPS + 1)}
+    kept = kept_bytes(run_dir)
     shutil.rmtree(run_dir)
     return {"history": result["history"], "peak_rss_mb": [m["peak_rss_mb"] for m in result["steps"]], "kept": kept}
 

@@ -7,7 +7,7 @@ model: only checkpoints (every ``checkpoint_interval`` steps, in the background)
 from __future__ import annotations
 
 import pytest
-from harness import INTERVAL, MODEL_SHAPES, STEPS, TINY_BATCH, random_model, record, run_workload, step_bytes
+from harness import INTERVAL, MODEL_SHAPES, STEPS, TINY_BATCH, kept_bytes, random_model, record, run_workload
 
 from conftest import make_project
 
@@ -33,7 +33,7 @@ def test_lineage_cost_by_model_size(benchmark, size_project, tmp_path, size):
         "materialize", tmp_path, project=size_project, work_dir=work_dir, step=INTERVAL - 1, out=tmp_path / "replayed"
     )
     run_dir = size_project / work_dir
-    kept = {str(step): step_bytes(run_dir / f"step-{step}") for step in range(1, STEPS + 1)}
+    kept = kept_bytes(run_dir)
     rollouts = {
         step: sum(
             (run_dir / f"step-{step}" / name).stat().st_size
