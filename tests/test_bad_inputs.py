@@ -47,8 +47,9 @@ def inputs(untrained_model, tmp_path_factory) -> dict[str, Path]:
         f"replay_buffer_config.dataset_cfg.0.anno_path={data / 'train.parquet'}",
         f"evaluator_config.dataset_cfg.0.anno_path={data / 'test.parquet'}",
         "wandb.enabled=false",
-        "run.step=1",
+        "run.step=1",  # the repo's params.yaml points at a later step after a local `make fit`
         "run.prev=0",
+        "run.checkpoint=0",
     ]
     params.write_text(rlx_config.to_yaml(rlx_config.load(params, overrides)))
     return {"params": params, "model": model, "train": data / "train.parquet", "test": data / "test.parquet"}
