@@ -38,8 +38,9 @@ LMDEPLOY_NEEDS = [
     "requests",
     "prometheus-client",
 ]
-RLX_NEEDS = ["peft", "dvc", "math-verify", "pydantic", "ruamel.yaml", "ruamel.yaml.clib", "pyyaml"]
+RLX_NEEDS = ["peft", "dvc", "math-verify", "pydantic", "ruamel.yaml", "ruamel.yaml.clib", "pyyaml", "xxhash"]
 DEEPSPEED_NEEDS = ["hjson", "msgpack", "ninja", "nvidia-ml-py", "einops"]
+LEFT_BEHIND = ["wandb"]  # the GPU check runs with wandb.mode: disabled, which never imports it
 BUILT_HERE = ["deepspeed", "antlr4-python3-runtime"]  # published as source only: built into pure-Python wheels
 DEVICE_HAS = {
     *"torch transformers triton safetensors accelerate pyarrow pandas typer rich pytest pytest-benchmark".split(),

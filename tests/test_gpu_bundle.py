@@ -69,3 +69,14 @@ def test_the_read_through_finds_what_loaded_modules_import_and_nothing_provides(
     )
     (tmp_path / "site" / "present.py").write_text("")
     assert gpu_bundle.unmet_imports([tmp_path / "site"], "pkg", ["pkg"]) == {"absent": "pkg.sub"}
+
+
+def test_every_runtime_dependency_travels_or_is_on_the_device():
+    """A dependency added to pyproject.toml but not to the bundle would fail on the GPU machine only."""
+    import re
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {gpu_bundle.normalized(re.match(r"[A-Za-z0-9_.\-]+", spec).group(0)) for spec in declared}
+    known = {*gpu_bundle.DEVICE_HAS, *gpu_bundle.RLX_NEEDS, *gpu_bundle.BUILT_HERE, *gpu_bundle.LEFT_BEHIND}
+    assert names - {gpu_bundle.normalized(name) for name in known} == set()

@@ -170,3 +170,21 @@ def test_a_damaged_checkpoint_is_refused_and_a_missing_one_replayed_around(copy,
         2,
         f"error: checkpoint runs/demo/step-2/policy is not the policy step 2 recorded (parameter {name} differs)\n",
     )
+
+
+def test_a_damaged_optimizer_state_is_refused_when_loaded(copy, capsys):
+    """The weights fingerprint cannot see the optimizer state; the hashes recorded as it was written can."""
+    work_dir = copy / "runs/demo"
+    shutil.rmtree(work_dir / "step-3/policy")  # step 3 now replays from checkpoint 2's trainer
+    state = max((f for f in (work_dir / "step-2/trainer_state").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit of an Adam moment: the file still loads
+    state.unlink()  # a new file: the workspace copy may share its inode with DVC's cache
+    state.write_bytes(bytes(data))
+    code, _, err = rlx(["materialize", "runs/demo", "--step", "3", "--out", "three"], copy, capsys)
+    relative = state.relative_to(copy)
+    assert (code, err) == (
+        2,
+        f"error: checkpoint of step 2 is damaged ({relative}: contents differ from what was written (corrupted)); "
+        "remove its policy/ and trainer_state/ and rlx re-creates them by replay from the checkpoint before\n",
+    )

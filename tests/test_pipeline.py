@@ -71,8 +71,8 @@ def test_every_step_is_addressable_and_checkpoints_follow_retention(finished):
     assert layout.checkpoints() == [0, 3]
     assert [n for n in range(4) if layout.step(n).policy.exists()] == [0, 3]
     assert (
-        "step-2/policy" in gzip.decompress(layout.step(2).lock.read_bytes()).decode()
-    )  # recorded by DVC when it was the newest
+        "step-2/checkpoint_outputs.json" in gzip.decompress(layout.step(2).lock.read_bytes()).decode()
+    )  # recorded by DVC when it was the newest: the list of its files and their hashes
     assert sorted(p.name for p in (layout.work_dir / "hf").iterdir()) == ["step-3"]  # hf_max_keep=1
     assert read_json(layout.step(3).export_record)["exported"] is True
 

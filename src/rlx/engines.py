@@ -26,6 +26,7 @@ from rlx.config import RLTrainerConfig
 from rlx.data import PromptPool, prompt_ids, run_length
 from rlx.errors import UserError, first_line
 from rlx.fingerprint import fingerprint, first_difference
+from rlx.integrity import first_changed
 from rlx.layout import RunLayout
 from rlx.rollout import Sampler, TransformersSampler
 from rlx.trainer import DEEPSPEED_TAG, PolicyTrainer, TrainerSnapshot
@@ -247,6 +248,8 @@ class Engines:
         over the HF folder's) checked against the step's recorded fingerprint (step 0 without its
         checkpoint: ``load_from`` with a fresh optimizer); its LR schedule spans ``total_steps``."""
         paths = self.layout.step(step)
+        if self.layout.holds_checkpoint(step):
+            self.check_files(step)
         policy = paths.policy if step else self.base
         worker = self.config.train_worker_cfg
         trainer = PolicyTrainer(
@@ -260,6 +263,16 @@ class Engines:
         if step:
             self.checked(trainer.module, step, trainer.fingerprint, paths.trainer_state)
         return trainer
+
+    def check_files(self, step: int) -> None:
+        """Stop with one line if a file of step ``step``'s checkpoint is not what its writer hashed: the
+        fingerprint checks the weights, this the optimizer state too (read from the page cache the load fills)."""
+        paths = self.layout.step(step)
+        if problem := first_changed(paths.dir, read_json(paths.outputs("checkpoint"))):
+            raise UserError(
+                f"checkpoint of step {step} is damaged ({problem}); remove its policy/ and trainer_state/ "
+                "and rlx re-creates them by replay from the checkpoint before"
+            )
 
     def checked(self, model, step: int, measure=None, source: Path | None = None):
         """``model``, once its weights match step ``step``'s recorded fingerprint (read in the recorded

@@ -15,7 +15,7 @@
   step-N/eval_samples.parquet     evaluate (every evaluate_step and at the end; empty otherwise)
   step-N/export.json              export: where the HF export went (every hf_interval and at the end)
   step-N/<stage>_metrics.json     what each stage measured, its wall time included (written last)
-  step-N/<stage>_outputs.json     size and sha256 of each file the stage wrote, checked on resume
+  step-N/<stage>_outputs.json     size and hash of each file the stage wrote, checked on resume
   step-N/dvc.lock.gz              the DVC lock of the step (gzip): its lineage, kept after the step
   step-N/done.json                written last: the step is complete
   curves/train.csv, curves/eval.csv   one row per step, for `dvc plots show`
@@ -31,6 +31,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from rlx.integrity import first_changed
 
 ITERATION = ["prepare", "rollout", "judge", "train", "checkpoint", "evaluate", "export"]  # every step's stages
 STAGES = ["base", *ITERATION]  # base: step 0, the starting policy and its evaluation
@@ -63,7 +65,7 @@ class StepPaths:
         return self.dir / f"{stage}_metrics.json"
 
     def outputs(self, stage: str) -> Path:
-        """``<stage>_outputs.json``: size and sha256 of each file the stage wrote (written just before its metrics)."""
+        """``<stage>_outputs.json``: size and hash of each file the stage wrote (written just before its metrics)."""
         return self.dir / f"{stage}_outputs.json"
 
 
@@ -99,10 +101,7 @@ class RunLayout:
             files = json.loads(paths.outputs("checkpoint").read_text())
         except (OSError, ValueError):
             return False
-        return bool(saved) and all(
-            (paths.dir / name).is_file() and (paths.dir / name).stat().st_size == entry["size"]
-            for name, entry in files.items()
-        )
+        return bool(saved) and first_changed(paths.dir, files, hashed=False) is None
 
     @property
     def curves(self) -> Path:

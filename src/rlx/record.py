@@ -55,15 +55,6 @@ def point_at_step(path: Path, step: int, checkpoint: int) -> None:
     edit_params(path, [f"run.step={step}", f"run.prev={step - 1}", f"run.checkpoint={checkpoint}"])
 
 
-def recorded_checkpoint(root: Path) -> int | None:
-    """The checkpoint step dvc.lock records for the checkpoint stage (None: none yet)."""
-    try:
-        lock = yaml.safe_load((root / "dvc.lock").read_text())
-        return lock["stages"]["checkpoint"]["params"]["params.yaml"]["run.checkpoint"]
-    except (OSError, KeyError, TypeError):
-        return None
-
-
 def dvc_commit(root: Path, names: list[str]) -> None:
     """Record stages ``names`` (their deps, params and outs) in dvc.lock, as `dvc commit -f NAMES` would,
     with one parse of dvc.yaml and one write of the lock; other stages are left as they are. No
@@ -97,13 +88,12 @@ def write_lock(path: Path, stages) -> None:
 
 
 def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> float:
-    """Point params.yaml at ``step``, commit its stages to DVC (the checkpoint stage only when its
-    checkpoint is new: hashing a checkpoint is the one large cost) and keep a copy of the lock in the
-    step's folder; returns the seconds it took."""
+    """Point params.yaml at ``step``, commit its stages to DVC and keep a copy of the lock in the step's
+    folder; returns the seconds it took. The checkpoint stage's output is the list of its files and their
+    hashes (``checkpoint_outputs.json``), so committing it costs what any stage's commit does."""
     started = time.perf_counter()
     point_at_step(params, step, checkpoint)
-    new_checkpoint = recorded_checkpoint(params.parent) != checkpoint
-    dvc_commit(params.parent, [name for name in STAGES if new_checkpoint or name != "checkpoint"])
+    dvc_commit(params.parent, STAGES)
     write_bytes(gzip.compress((params.parent / "dvc.lock").read_bytes(), mtime=0), layout.step(step).lock)
     faults.point("step.commit")
     return time.perf_counter() - started

@@ -31,13 +31,30 @@ def host_copy(item, copies: dict):
     if torch.is_tensor(item):
         key = (item.untyped_storage().data_ptr(), item.storage_offset(), item.shape, item.stride(), item.dtype)
         if key not in copies:
-            copies[key] = item.detach().to("cpu", copy=True)
+            copies[key] = to_host(item.detach())
         return copies[key]
     if isinstance(item, dict):
         return type(item)((key, host_copy(value, copies)) for key, value in item.items())
     if isinstance(item, list | tuple):
         return type(item)(host_copy(value, copies) for value in item)
     return copy.deepcopy(item)
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``tensor``. From a GPU it goes to page-locked memory without waiting (``take``
+    waits once for all): a copy into pageable memory is staged through a driver buffer, 1.3-1.5 GB/s
+    on the H200 check (7.9 GB in 5.4-6.3 s), where page-locked memory takes the bus's full speed. torch's
+    caching host allocator keeps the page-locked blocks when a written snapshot frees them, so the next
+    checkpoint of the same tensors reuses them instead of locking memory again."""
+    if not tensor.is_cuda:
+        return tensor.to("cpu", copy=True)
+    return torch.empty_like(tensor, device="cpu", pin_memory=True).copy_(tensor, non_blocking=True)
+
+
+def copies_done() -> None:
+    """Wait for the device-to-host copies ``to_host`` queued (nothing to wait for on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 class SnapshotCheckpointEngine(TorchCheckpointEngine):
@@ -72,7 +89,8 @@ class SnapshotCheckpointEngine(TorchCheckpointEngine):
         return False  # DeepSpeed need not clone views before saving: host_copy makes each tensor compact
 
     def take(self, root: str) -> dict[str, object]:
-        """The states saved since the last ``take``, by their path relative to ``root``."""
+        """The states saved since the last ``take``, by their path relative to ``root``, every copy complete."""
+        copies_done()
         saved = {os.path.relpath(path, root): state for path, state in self.saved.items()}
         self.saved, self.copies = {}, {}
         return saved

@@ -259,12 +259,13 @@ class PolicyTrainer:
     def snapshot(self, tokenizer) -> TrainerSnapshot:
         """The policy and optimizer state as they are now, copied to host memory (seconds where writing
         them takes tens), so training can go on while ``TrainerSnapshot.write`` puts them on disk."""
-        from rlx.safe_checkpoint import host_copy
+        from rlx.safe_checkpoint import copies_done, host_copy
 
         checkpoints = self.engine.checkpoint_engine
         with self.full_parameters():
             weights = checkpoints.only_trainable(self.module.state_dict())  # peft saves an adapter from these
             policy = host_copy(weights, checkpoints.copies) if distributed.is_main() else None
+            copies_done()  # before ZeRO-3 frees the gathered weights
         with tempfile.TemporaryDirectory(prefix="rlx-snapshot-") as scratch:
             self.engine.save_checkpoint(scratch, tag=DEEPSPEED_TAG, save_latest=False)
             states = checkpoints.take(scratch)

@@ -3,13 +3,12 @@
 (what ``dvc.yaml`` calls) and for `rlx fit` alike.
 
 A stage is complete when its metrics file exists and its outputs are exactly what it wrote: before
-the metrics it records each output file's size and sha256 in ``<stage>_outputs.json``, and a file
-found truncated, corrupted or missing on resume makes the stage run again.
+the metrics it records each output file's size and hash in ``<stage>_outputs.json`` (rlx.integrity),
+and a file found truncated, corrupted or missing on resume makes the stage run again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import logging
 import random
@@ -23,6 +22,7 @@ from rlx import faults, seeds
 from rlx.artifacts import read_json, write_json
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError, first_line
+from rlx.integrity import first_changed, folder_records
 from rlx.layout import STAGES
 
 log = logging.getLogger(__name__)
@@ -47,42 +47,25 @@ def output_files(name: str, paths) -> list[Path]:
     return files
 
 
-def file_record(file: Path, hashed: bool = True) -> dict:
-    """A file's size and (unless ``hashed`` is off) sha256."""
-    if not hashed:
-        return {"size": file.stat().st_size}
-    with open(file, "rb") as handle:
-        return {"size": file.stat().st_size, "sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
-
-
 def record_outputs(name: str, paths) -> None:
-    """Size and hash of each output file, so a resume can tell them from truncated or corrupted ones
-    (sizes only for a stage whose outputs are checked otherwise, e.g. checkpoints by their fingerprint)."""
-    hashed = getattr(module(name), "hashes_outputs", True)
-    files = {str(f.relative_to(paths.dir)): file_record(f, hashed) for f in output_files(name, paths)}
-    write_json(files, paths.outputs(name))
+    """Size and hash of each output file, so a resume can tell them from truncated or corrupted ones."""
+    write_json(folder_records(output_files(name, paths), paths.dir), paths.outputs(name))
 
 
 def damaged_output(name: str, paths) -> str | None:
-    """Why a stage that finished cannot be trusted (an output missing or changed since), or None."""
+    """Why a stage that finished cannot be trusted (an output missing or changed since), or None. A stage
+    whose outputs are checked when they are read (``checked_when_loaded``: a checkpoint's gigabytes) has
+    only their sizes checked here."""
     for record in (paths.metrics(name), paths.outputs(name)):
         try:
             read_json(record)
         except (OSError, ValueError):
             return f"{record}: missing or unreadable"
-    recorded = read_json(paths.outputs(name))
     for out in module(name).outputs(paths):
         if not out.exists():
             return f"{out}: missing"
-    for relative, expected in recorded.items():
-        file = paths.dir / relative
-        if not file.is_file():
-            return f"{file}: missing"
-        if file.stat().st_size != expected["size"]:
-            return f"{file}: {file.stat().st_size} bytes, {expected['size']} when written (truncated?)"
-        if "sha256" in expected and file_record(file)["sha256"] != expected["sha256"]:
-            return f"{file}: contents differ from what the stage wrote (corrupted)"
-    return None
+    hashed = not getattr(module(name), "checked_when_loaded", False)
+    return first_changed(paths.dir, read_json(paths.outputs(name)), hashed)
 
 
 def is_complete(name: str, step: int, engines) -> bool:

@@ -10,7 +10,9 @@ ranks themselves: they live for one step only, and the next step's ranks start f
 `rlx fit` first copies the trainer's state to host memory (``Engines.snapshots``), then runs this
 stage in a background thread, which writes the copy while the next steps run. Outputs: ``policy/`` (HF
 folder) and ``trainer_state/`` (DeepSpeed), each written whole under a temporary name, so a kill
-mid-write leaves the previous checkpoint as it was. The metrics file, written last, marks it done.
+mid-write leaves the previous checkpoint as it was. Then, still in the background, every file's size
+and hash go to ``checkpoint_outputs.json``: DVC records that list, not the folders, whose gigabytes it
+would hash with md5 at a tenth of the speed (rlx.integrity). The metrics file, written last, marks it done.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from rlx.config import RLTrainerConfig
 from rlx.engines import load_policy
 
 draws_random_numbers = False  # safe in a background thread: nothing here reseeds the run's RNGs
-hashes_outputs = False  # gigabytes at real sizes; a loaded checkpoint is checked by its weights fingerprint
+checked_when_loaded = True  # a resume checks the sizes only; Engines.load_checkpoint checks the hashes as it reads
 
 
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:

@@ -1,0 +1,44 @@
+"""What a stage wrote, file by file: each file's size and content hash, recorded once and checked later.
+
+The hash is xxHash's XXH3-128: a checksum against accidents (a truncated write, a flipped bit, a file
+swapped by hand), not against an attacker, at about 5 GB/s on one core where sha256 gives 1.3 and
+DVC's md5 0.6 (measured on this project's 2-core CPU machine). That speed is what lets a checkpoint
+of gigabytes be hashed as it is written and checked whenever it is loaded, and DVC record only the
+small list (``checkpoint_outputs.json``) instead of hashing the folders itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import xxhash
+
+HASH = "xxh3_128"
+
+
+def file_record(file: Path, hashed: bool = True) -> dict:
+    """A file's size and (unless ``hashed`` is off) its content hash."""
+    if not hashed:
+        return {"size": file.stat().st_size}
+    with open(file, "rb") as handle:  # hashlib reads in chunks; xxhash releases the GIL while it hashes them
+        return {"size": file.stat().st_size, HASH: hashlib.file_digest(handle, xxhash.xxh3_128).hexdigest()}
+
+
+def folder_records(files: list[Path], root: Path) -> dict[str, dict]:
+    """``{path relative to root: file_record}`` for ``files``."""
+    return {str(file.relative_to(root)): file_record(file) for file in files}
+
+
+def first_changed(root: Path, records: dict[str, dict], hashed: bool = True) -> str | None:
+    """The first recorded file under ``root`` that is missing, truncated or (when ``hashed``) not what was
+    written, said in a few words; None when all are as recorded."""
+    for relative, expected in records.items():
+        file = root / relative
+        if not file.is_file():
+            return f"{file}: missing"
+        if file.stat().st_size != expected["size"]:
+            return f"{file}: {file.stat().st_size} bytes, {expected['size']} when written (truncated?)"
+        if hashed and HASH in expected and file_record(file)[HASH] != expected[HASH]:
+            return f"{file}: contents differ from what was written (corrupted)"
+    return None
