@@ -176,7 +176,9 @@ def test_a_damaged_optimizer_state_is_refused_when_loaded(copy, capsys):
     """The weights fingerprint cannot see the optimizer state; the hashes recorded as it was written can."""
     work_dir = copy / "runs/demo"
     shutil.rmtree(work_dir / "step-3/policy")  # step 3 now replays from checkpoint 2's trainer
-    state = max((f for f in (work_dir / "step-2/trainer_state").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    state = max(
+        (f for f in (work_dir / "step-2/trainer_state").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size
+    )
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0x01  # one bit of an Adam moment: the file still loads
     state.unlink()  # a new file: the workspace copy may share its inode with DVC's cache

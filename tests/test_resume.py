@@ -142,7 +142,7 @@ DAMAGE = {  # file under the work_dir: (its stage, how it is damaged)
     "step-2/rollout_metrics.json": ("rollout", truncate),
     "step-2/update.parquet": ("train", flip_a_byte),
     "step-1/fingerprint.json": ("train", flip_a_byte),  # the finished step the next one starts from
-    "step-1/policy/model.safetensors": ("checkpoint", truncate),  # checked by size (and, loaded, by hash and fingerprint)
+    "step-1/policy/model.safetensors": ("checkpoint", truncate),  # by size; loaded: by hash, fingerprint
 }
 
 
