@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -222,8 +223,10 @@ def unmet_imports(folders: list[Path], package: str, entries: list[str]) -> dict
 
 
 def device_like(folder: Path) -> Path:
-    """The device's packages that can be installed here, in their own folder."""
+    """The device's packages that can be installed here, in their own folder (downloaded afresh: a kept
+    folder gathers each package's versions as the index moves, and pip refuses two of one package)."""
     wheels = folder.with_name(folder.name + "-wheels")
+    shutil.rmtree(wheels, ignore_errors=True)
     pip("download", "--quiet", "-d", str(wheels), *PLATFORM, *DEVICE_LIKE)
     pip("install", "--quiet", "--no-index", "--no-deps", "--target", str(folder), *map(str, wheels.glob("*.whl")))
     return folder

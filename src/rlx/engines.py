@@ -266,7 +266,8 @@ class Engines:
 
     def check_files(self, step: int) -> None:
         """Stop with one line if a file of step ``step``'s checkpoint is not what its writer hashed: the
-        fingerprint checks the weights, this the optimizer state too (read from the page cache the load fills)."""
+        fingerprint checks the weights, this the optimizer state too (a read that leaves the files in the
+        page cache, where the load then finds them)."""
         paths = self.layout.step(step)
         if problem := first_changed(paths.dir, read_json(paths.outputs("checkpoint"))):
             raise UserError(

@@ -346,7 +346,7 @@ class Finisher:
     def __call__(self, step: int, metrics: dict, recorded: Future) -> None:
         waited = time.perf_counter()
         try:
-            metrics["time/dvc_commit"] = recorded.result()
+            metrics.update(recorded.result())  # time/dvc_commit, time/dvc_commit_cpu
         except BrokenProcessPool as error:
             raise RuntimeError(f"the process recording step {step} in DVC died; rerun to resume") from error
         metrics["time/dvc"] = time.perf_counter() - waited  # what the step waited for DVC
