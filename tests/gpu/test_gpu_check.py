@@ -5,6 +5,8 @@ Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, vocabulary 15
 embeddings) with random weights in bf16, and the demo's tokenizer. The report, printed and written
 to ``$RLX_GPU_REPORT`` (default ``gpu_check.json`` in pytest's temp folder), has three parts:
 
+- ``host_copy``: GB/s of a checkpoint's host copy (``rlx.safe_checkpoint.to_host``, page-locked) against a
+  plain ``.cpu()``, 4 GiB of bf16, and again once the first copy is freed (torch keeps its page-locked blocks);
 - ``rollout``: tokens/s of LMDeploy's PyTorch engine and of the transformers backend on the same 512
   prompts x 256 new tokens (every response runs to 256);
 - ``weight_sync``: one bf16 AdamW update, sent to the running engine; LMDeploy's log-probs of a fixed
@@ -109,6 +111,27 @@ def tokens_per_second(sampler, prompts, params) -> float:
 def questions(tokenizer, count: int) -> list[list[int]]:
     texts = [f"What is {a} + {b}?" for a in range(32) for b in range(32)][:count]
     return [prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in texts]
+
+
+def test_host_copies_are_page_locked_exact_and_faster():
+    from rlx.safe_checkpoint import copies_done, to_host
+
+    source = torch.empty(2**31, dtype=torch.bfloat16, device="cuda").normal_()  # 4 GiB
+
+    def gb_per_s(copy) -> tuple[float, torch.Tensor]:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        host = copy()
+        copies_done()
+        return source.numel() * source.element_size() / 1e9 / (time.perf_counter() - started), host
+
+    pageable, plain = gb_per_s(source.cpu)
+    first, locked = gb_per_s(lambda: to_host(source))
+    assert locked.is_pinned() and torch.equal(locked, plain)
+    del locked, plain
+    again, _ = gb_per_s(lambda: to_host(source))
+    REPORT["host_copy"] = {"pageable_gb_s": pageable, "page_locked_first_gb_s": first, "page_locked_again_gb_s": again}
+    assert again > pageable
 
 
 def test_rollout_tokens_per_second_lmdeploy_and_transformers(qwen_shaped):
