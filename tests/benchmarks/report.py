@@ -225,7 +225,7 @@ def figures(measured: dict) -> dict:
             "trl_s": statistics.median(steps["trl"]),
             "ratio": statistics.median(pairs),
             "pair_ratios": pairs,
-            "target": 1.0,
+            "target": 0.9,  # issue 14 (issue 8 had asked for 1.0)
             "goal": 0.7,
         }
     if "step/rlx" in measured:
@@ -350,7 +350,7 @@ def table(results: dict) -> str:
         lines.append(
             f"| Warm step, demo (16 prompts × 8 × 32 tokens) | {s['rlx_s']:.2f} s | TRL `GRPOTrainer` {s['trl_s']:.2f} s "
             f"| {s['ratio']:.2f}× (pairs: {', '.join(f'{r:.2f}' for r in s['pair_ratios'])}) "
-            f"| ≤ 1.0× (goal 0.7×): {verdict(s['ratio'] <= 1.0)} |"
+            f"| ≤ {s['target']:.1f}× (goal {s['goal']:.1f}×): {verdict(s['ratio'] <= s['target'])} |"
         )
     if "rollout" in f:
         r = f["rollout"]
