@@ -17,17 +17,15 @@ import xxhash
 HASH = "xxh3_128"
 
 
-def file_record(file: Path, hashed: bool = True) -> dict:
-    """A file's size and (unless ``hashed`` is off) its content hash."""
-    if not hashed:
-        return {"size": file.stat().st_size}
-    with open(file, "rb") as handle:  # hashlib reads in chunks; xxhash releases the GIL while it hashes them
-        return {"size": file.stat().st_size, HASH: hashlib.file_digest(handle, xxhash.xxh3_128).hexdigest()}
+def file_hash(file: Path) -> str:
+    """The file's content hash, read in chunks (xxhash releases the GIL while it hashes each)."""
+    with open(file, "rb") as handle:
+        return hashlib.file_digest(handle, xxhash.xxh3_128).hexdigest()
 
 
 def folder_records(files: list[Path], root: Path) -> dict[str, dict]:
-    """``{path relative to root: file_record}`` for ``files``."""
-    return {str(file.relative_to(root)): file_record(file) for file in files}
+    """``{path relative to root: {"size": ..., HASH: ...}}`` for ``files``."""
+    return {str(file.relative_to(root)): {"size": file.stat().st_size, HASH: file_hash(file)} for file in files}
 
 
 def first_changed(root: Path, records: dict[str, dict], hashed: bool = True) -> str | None:
@@ -39,6 +37,6 @@ def first_changed(root: Path, records: dict[str, dict], hashed: bool = True) -> 
             return f"{file}: missing"
         if file.stat().st_size != expected["size"]:
             return f"{file}: {file.stat().st_size} bytes, {expected['size']} when written (truncated?)"
-        if hashed and HASH in expected and file_record(file)[HASH] != expected[HASH]:
+        if hashed and HASH in expected and file_hash(file) != expected[HASH]:
             return f"{file}: contents differ from what was written (corrupted)"
     return None
