@@ -1,5 +1,5 @@
 """The process that records steps in DVC: it yields the CPU to the run, and it never outlives the run
-(a rerun must be the only writer of dvc.lock)."""
+(a rerun must be the only writer of dvc.lock); what it writes is what DVC's own commands write."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import sys
 import time
 
 import pytest
+import yaml
 
-from conftest import child_env
-from rlx.record import recorder
+from conftest import PARAMS, child_env
+from rlx.record import dvc_commit, edit_params, point_at_step, recorder, replace_run_pointers, write_lock
 
 # A run that starts the recorder, prints the recorder's pid, then waits to be killed.
 RUN = """
@@ -64,3 +65,78 @@ def test_rlx_fit_shortens_openmp_spinning_unless_told_otherwise(tmp_path):
     assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("30000 True")
     env["GOMP_SPINCOUNT"] = "1000"
     assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("1000 True")
+
+
+def test_pointing_params_at_a_step_changes_its_three_lines_only(tmp_path):
+    """The same params as the round trip's edit, and no other line touched (the round trip also
+    rewrites ``lora: null`` as ``lora:``)."""
+    fast, round_trip = tmp_path / "fast.yaml", tmp_path / "round_trip.yaml"
+    for path in (fast, round_trip):
+        path.write_text(PARAMS.read_text())
+    point_at_step(fast, 12, 10)
+    edit_params(round_trip, ["run.step=12", "run.prev=11", "run.checkpoint=10"])
+    assert yaml.safe_load(fast.read_text()) == yaml.safe_load(round_trip.read_text())
+    lines = zip(PARAMS.read_text().splitlines(), fast.read_text().splitlines(), strict=True)
+    changed = [new for old, new in lines if old != new]
+    assert [line.split("#")[0].strip() for line in changed] == ["step: 12", "prev: 11", "checkpoint: 10"]
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        "run: {step: 3, prev: 2, checkpoint: 0}\n",  # flow style
+        "run:\n  step: 3\n  prev: 2\n",  # a pointer missing: the round trip adds it
+        "run:\n  step: '3'\n  prev: 2\n  checkpoint: 0\n",  # a quoted number
+    ],
+)
+def test_a_run_section_laid_out_otherwise_is_edited_by_the_round_trip(tmp_path, run):
+    params = tmp_path / "params.yaml"
+    params.write_text(f"seed: 1\n{run}later: 2\n")
+    assert replace_run_pointers(params.read_text(), {"step": 5, "prev": 4, "checkpoint": 0}) is None
+    point_at_step(params, 5, 0)
+    assert yaml.safe_load(params.read_text()) == {"seed": 1, "run": {"step": 5, "prev": 4, "checkpoint": 0}, "later": 2}
+
+
+STAGE = """
+  {name}:
+    cmd: "true"
+    deps: [in.txt]
+    params: [lr, run.step]
+    outs:
+      - out-{name}-${{run.step}}.txt"""
+
+
+def test_a_commit_parses_each_text_once_and_writes_the_lock_dvc_commit_writes(tmp_path, monkeypatch):
+    from dvc.utils import strictyaml
+    from dvc.utils.serialize import _yaml
+
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, env=child_env(), check=True)
+    names = ["a", "b", "c"]
+    (tmp_path / "dvc.yaml").write_text("stages:" + "".join(STAGE.format(name=name) for name in names) + "\n")
+    (tmp_path / "params.yaml").write_text("lr: 1.0e-3  # a comment\nrun:\n  step: 7\n")
+    for path in ["in.txt", *(f"out-{n}-7.txt" for n in names)]:
+        (tmp_path / path).write_text(path)
+    parsed = []
+    parse = _yaml.parse_yaml
+
+    def counted(text, path, typ="safe"):
+        parsed.append(text)
+        return parse(text, path, typ)
+
+    monkeypatch.chdir(tmp_path)  # as `rlx fit` runs: in the project
+    monkeypatch.setattr(_yaml, "parse_yaml", counted)
+    monkeypatch.setattr(strictyaml, "parse_yaml", counted)
+    dvc_commit(tmp_path, names)
+    assert len(parsed) == len(set(parsed))  # DVC alone reads params.yaml once per stage
+    ours = yaml.safe_load((tmp_path / "dvc.lock").read_text())
+    (tmp_path / "dvc.lock").unlink()
+    subprocess.run([sys.executable, "-m", "dvc", "commit", "-f", "-q"], cwd=tmp_path, env=child_env(), check=True)
+    assert ours == yaml.safe_load((tmp_path / "dvc.lock").read_text())
+
+
+def test_a_lock_another_writer_changed_is_read_again(tmp_path):
+    lock = tmp_path / "dvc.lock"
+    write_lock(lock, [])
+    lock.write_text("schema: '2.0'\nstages:\n  other:\n    cmd: 'true'\n")  # `dvc repro` in between
+    write_lock(lock, [])
+    assert yaml.safe_load(lock.read_text()) == {"schema": "2.0", "stages": {"other": {"cmd": "true"}}}

@@ -10,6 +10,8 @@ priority, filling the gaps that generation and training leave.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import ctypes
 import gzip
 import io
@@ -17,6 +19,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import time
@@ -51,8 +54,36 @@ def edit_params(path: Path, overrides: list[str]) -> None:
 
 
 def point_at_step(path: Path, step: int, checkpoint: int) -> None:
-    """Point params.yaml's ``run`` at a step and the newest checkpoint at or before it."""
-    edit_params(path, [f"run.step={step}", f"run.prev={step - 1}", f"run.checkpoint={checkpoint}"])
+    """Point params.yaml's ``run`` at a step and the newest checkpoint at or before it. Each step does
+    it, so the three numbers are replaced in the text where ``run`` is laid out as rlx writes it (a
+    tenth of the record's CPU went to ruamel's round trip of the whole file, which also rewrites
+    other lines); any other layout goes through the round trip."""
+    pointers = {"step": step, "prev": step - 1, "checkpoint": checkpoint}
+    text = path.read_text()
+    edited = replace_run_pointers(text, pointers)
+    if edited is None:
+        edit_params(path, [f"run.{key}={value}" for key, value in pointers.items()])
+    elif edited != text:
+        write_text(edited, path)
+
+
+_RUN_BLOCK = re.compile(r"^run:[ \t]*(#.*)?\n((?:[ \t]+.*\n|[ \t]*#.*\n|[ \t]*\n)*)", re.MULTILINE)
+
+
+def replace_run_pointers(text: str, pointers: dict[str, int]) -> str | None:
+    """``text`` with the integers of top-level ``run``'s block-style ``KEY: N`` lines replaced, or None
+    unless each of ``pointers`` appears there exactly once."""
+    text = text if text.endswith("\n") else text + "\n"
+    block = _RUN_BLOCK.search(text)
+    if block is None:
+        return None
+    body = block[2]
+    for key, value in pointers.items():
+        line = re.compile(rf"^([ \t]+{key}:[ \t]*)-?\d+(?=[ \t]*(#.*)?$)", re.MULTILINE)
+        body, found = line.subn(rf"\g<1>{value}", body)
+        if found != 1:
+            return None
+    return text[: block.start(2)] + body + text[block.end(2) :]
 
 
 def dvc_commit(root: Path, names: list[str]) -> None:
@@ -63,7 +94,7 @@ def dvc_commit(root: Path, names: list[str]) -> None:
     from dvc.dvcfile import load_file
     from dvc.repo import Repo
 
-    with Repo(str(root)) as repo, repo.lock:
+    with Repo(str(root)) as repo, repo.lock, each_yaml_text_parsed_once():
         dvcfile = load_file(repo, "dvc.yaml")
         stages = [dvcfile.stages[name] for name in names]
         for stage in stages:
@@ -73,18 +104,60 @@ def dvc_commit(root: Path, names: list[str]) -> None:
         write_lock(root / "dvc.lock", stages)
 
 
+_parsed: dict[str, object] = {}  # YAML text: what DVC's safe parse made of it
+
+
+@contextlib.contextmanager
+def each_yaml_text_parsed_once():
+    """Within it, DVC parses each distinct YAML text once and gets a copy after that. DVC reads
+    params.yaml anew for each stage's params dependency and for dvc.yaml's templates, and dvc.yaml
+    itself at each commit: eight parses of two unchanged texts per step, in ruamel's pure-Python
+    constructor, took a third of the record's CPU. The texts are the keys, so nothing stale is read."""
+    from dvc.utils import strictyaml
+    from dvc.utils.serialize import _yaml
+
+    parse = _yaml.parse_yaml
+    users = [module for module in (_yaml, strictyaml) if getattr(module, "parse_yaml", None) is parse]
+
+    def parse_once(text, path, typ="safe"):
+        if typ != "safe":
+            return parse(text, path, typ)
+        if text not in _parsed:
+            if len(_parsed) > 8:  # params.yaml, dvc.yaml and the lock's latest texts are what recur
+                _parsed.clear()
+            _parsed[text] = parse(text, path, typ)
+        return copy.deepcopy(_parsed[text])
+
+    for module in users:
+        module.parse_yaml = parse_once
+    try:
+        yield
+    finally:
+        for module in users:
+            module.parse_yaml = parse
+
+
+_written: dict[Path, tuple[str, dict]] = {}  # lock: the text this process last wrote there, and its data
+
+
 def write_lock(path: Path, stages) -> None:
     """Put the stages' entries into dvc.lock, as DVC's own dump does, but with libyaml's C parser and
     emitter: DVC edits the lock with ruamel's comment-preserving round trip, in pure Python, which was
-    half of a step's record (a lock has no comments to preserve)."""
+    half of a step's record (a lock has no comments to preserve). A lock that still holds what this
+    process wrote last is not parsed again (its parse was a tenth of the record's CPU)."""
     from dvc.stage.serialize import to_lockfile
 
-    lock = yaml.CSafeLoader(path.read_text()).get_single_data() if path.is_file() else None
+    path = path.resolve()
+    text = path.read_text() if path.is_file() else ""
+    kept_text, kept = _written.get(path, ("", None))
+    lock = kept if kept is not None and text == kept_text else yaml.CSafeLoader(text).get_single_data()
     lock = lock or {"schema": "2.0"}
     lock.setdefault("stages", {})
     for stage in stages:
         lock["stages"].update(json.loads(json.dumps(to_lockfile(stage))))  # DVC's OrderedDicts as plain dicts
-    write_text(yaml.dump(lock, Dumper=yaml.CSafeDumper, sort_keys=False), path)
+    text = yaml.dump(lock, Dumper=yaml.CSafeDumper, sort_keys=False)
+    write_text(text, path)
+    _written[path] = (text, lock)
 
 
 _committed: dict[tuple[Path, str], tuple[int, ...]] = {}  # (project, stage): run pointers of its last commit here
