@@ -5,6 +5,7 @@ with one line. A real short `rlx fit` (checkpoints at 0, 2 and 3) and the real C
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -40,16 +41,27 @@ def test_the_fingerprint_changes_with_any_single_element_and_with_a_swap(dtype):
     bits = module.a.data.view(torch.int32 if dtype == torch.float32 else torch.int16)
     for position in (0, 1, 1234, 2999):
         bits[position] += 1  # the least change: the next representable number
-        assert first_difference(before, fingerprint(module)) == "parameter a differs"
+        assert first_difference(before, fingerprint(module), ["a", "b"]) == "parameter a differs"
         bits[position] -= 1
     assert fingerprint(module) == before
     with torch.no_grad():
         module.b[[0, 1]] = module.b[[1, 0]]  # same values, other places
-    assert first_difference(before, fingerprint(module)) == "parameter b differs"
-    assert (
-        first_difference(before, fingerprint(Weights(torch.float16)))
-        == "parameter a differs (dtype float16, recorded " + str(dtype).removeprefix("torch.") + ")"
-    )
+    assert first_difference(before, fingerprint(module)) == "parameter number 1 differs"
+    assert first_difference(
+        before, fingerprint(Weights(torch.float16))
+    ) == "the parameters' dtypes differ: 2 float16, recorded 2 " + str(dtype).removeprefix("torch.")
+
+
+def test_a_fingerprint_costs_a_few_bytes_per_parameter_and_reads_each_in_its_recorded_dtype():
+    """What every step keeps: 8 hex digits per parameter beside a fixed part; a policy recorded in
+    bf16 and loaded in fp32 (as generation loads it) compares equal when read as recorded."""
+    module = Weights(torch.bfloat16)
+    recorded = fingerprint(module)
+    assert len(recorded["tensors"]) == 8 * 2 and recorded["dtypes"] == [["bfloat16", 2]]
+    assert len(json.dumps(recorded)) < 200
+    widened = module.to(torch.float32)
+    assert fingerprint(widened)["digest"] != recorded["digest"]
+    assert fingerprint(widened, like=recorded) == recorded
 
 
 @pytest.fixture(scope="module")

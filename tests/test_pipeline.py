@@ -36,6 +36,7 @@ def test_fit_trains_logs_every_step_and_leaves_dvc_clean(finished):
     project, history = finished
     layout = RunLayout(project / "runs" / "demo")
     assert layout.completed_steps() == [1, 2, 3] and len(history) == 3
+    assert [layout.step_metrics(step) for step in (1, 2, 3)] == history  # done.json + the stages' metrics
     base = load_file(layout.step(0).policy / "model.safetensors")
     last = load_file(layout.step(3).policy / "model.safetensors")
     assert any((base[name] - last[name]).abs().max() > 0 for name in base), "the policy did not change"
@@ -146,7 +147,7 @@ def test_killed_fit_resumes_to_the_same_result(finished, tmp_path, tiny_model):
     final = load_file(resumed / "runs/demo/step-3/policy/model.safetensors")
     expected = load_file(project / "runs/demo/step-3/policy/model.safetensors")
     assert all((final[k] == expected[k]).all() for k in expected), "resumed weights differ"
-    assert read_json(resumed / "runs/demo/step-3/done.json")["response/rewards/mean"] == pytest.approx(
+    assert RunLayout(resumed / "runs/demo").step_metrics(3)["response/rewards/mean"] == pytest.approx(
         history[-1]["response/rewards/mean"]
     )
     assert [r["step"] for r in read_tracker(resumed / "runs/demo/tracker.jsonl")] == [0, 1, 2, 3]

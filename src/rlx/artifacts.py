@@ -58,13 +58,15 @@ def _put_in_place(tmp: Path, path: Path) -> Path:
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None = None) -> Path:
-    """Write a list of row dicts as parquet (an empty list needs ``schema``)."""
+    """Write a list of row dicts as parquet (an empty list needs ``schema``). An empty table keeps
+    parquet's own schema only: Arrow's copy of it was half of such a file (every step that does not
+    evaluate writes one), and there are no values whose Arrow types it would restore."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
     tmp = _temporary(path)
     with _cleaned_on_failure(tmp, path):
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, store_schema=bool(rows))
     return _put_in_place(tmp, path)
 
 

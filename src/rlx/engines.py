@@ -25,7 +25,7 @@ from rlx.artifacts import read_json
 from rlx.config import RLTrainerConfig
 from rlx.data import PromptPool, prompt_ids, run_length
 from rlx.errors import UserError, first_line
-from rlx.fingerprint import fingerprint, first_difference
+from rlx.fingerprint import fingerprint, first_difference, parameter_names
 from rlx.integrity import first_changed
 from rlx.layout import RunLayout
 from rlx.rollout import Sampler, TransformersSampler
@@ -279,7 +279,8 @@ class Engines:
         """``model``, once its weights match step ``step``'s recorded fingerprint (read in the recorded
         dtypes, or as ``measure()`` gives it); a damaged or foreign checkpoint stops with one line."""
         recorded = read_json(self.layout.step(step).weights_fingerprint)
-        problem = first_difference(recorded, measure() if measure else fingerprint(model, like=recorded))
+        actual = measure() if measure else fingerprint(model, like=recorded)
+        problem = first_difference(recorded, actual, parameter_names(model))
         if problem:
             source = source or self.layout.step(step).policy
             raise UserError(f"checkpoint {source} is not the policy step {step} recorded ({problem})")

@@ -68,7 +68,7 @@ class Run:
     def history(self) -> pd.DataFrame:
         """One row per completed step (step 0: the base policy's evaluation), every logged metric a column."""
         rows = [{"step": 0, **read_json(self.layout.step(0).metrics("base"))}]
-        rows += [{"step": step, **read_json(self.layout.step(step).done)} for step in self.steps()]
+        rows += [{"step": step, **self.layout.step_metrics(step)} for step in self.steps()]
         return pd.DataFrame(rows).set_index("step")
 
     def _step_dir(self, step: int):

@@ -13,6 +13,7 @@ no dependence on the order of summation; only the row sums go on in int64 (wrapp
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 
 import torch
@@ -57,28 +58,58 @@ def tensor_sums(tensor: torch.Tensor) -> list[int]:
 
 
 def fingerprint(module: torch.nn.Module, like: dict | None = None) -> dict:
-    """``{"digest": ..., "tensors": {name: [dtype, plain, weighted]}}`` over the module's parameters
-    (tied ones once). The digest is a sha256 of the table, to compare in one look. With ``like`` (a
-    recorded fingerprint) each parameter is read in the dtype recorded for it: a bf16 policy loaded in
-    fp32 for generation converts back exactly, so it is compared bit for bit with what the trainer held."""
-    recorded = {name: entry[0] for name, entry in like["tensors"].items()} if like else {}
-    tensors = {}
-    for name, parameter in module.named_parameters():
-        dtype = getattr(torch, recorded.get(name, ""), parameter.dtype)
-        tensors[name] = [str(dtype).removeprefix("torch."), *tensor_sums(parameter.to(dtype))]
-    digest = hashlib.sha256(json.dumps(tensors, sort_keys=True).encode()).hexdigest()
-    return {"digest": digest, "tensors": tensors}
+    """The record of the module's parameters (tied ones once), a few bytes per parameter, since every
+    step keeps one: ``digest``, a sha256 of the whole table (each name, dtype and both sums);
+    ``names``, a short hash of the names in order; ``dtypes``, ``[dtype, how many]`` runs in that order;
+    ``tensors``, a 32-bit hash of each parameter's dtype and sums, in that order (8 hex digits each), so
+    a mismatch names the first parameter that differs. With ``like`` (a recorded fingerprint) each
+    parameter is read in the dtype recorded for it: a bf16 policy loaded in fp32 for generation
+    converts back exactly, so it is compared bit for bit with what the trainer held."""
+    recorded = [dtype for dtype, count in like["dtypes"] for _ in range(count)] if like else []
+    table = {}
+    for index, (name, parameter) in enumerate(module.named_parameters()):
+        dtype = getattr(torch, recorded[index] if index < len(recorded) else "", parameter.dtype)
+        table[name] = [str(dtype).removeprefix("torch."), *tensor_sums(parameter.to(dtype))]
+    return {
+        "digest": hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest(),
+        "names": hashlib.sha256(json.dumps(list(table)).encode()).hexdigest()[:16],
+        "dtypes": [[dtype, len(list(run))] for dtype, run in itertools.groupby(entry[0] for entry in table.values())],
+        "tensors": "".join(short_hash(entry) for entry in table.values()),
+    }
 
 
-def first_difference(expected: dict, actual: dict) -> str | None:
-    """Where two fingerprints part (the first parameter in name order that differs), or None."""
-    if expected["digest"] == actual["digest"]:
+def short_hash(entry: list) -> str:
+    """8 hex digits of a parameter's ``[dtype, plain, weighted]``: enough to point at the one that
+    differs (the digest is what proves two fingerprints equal)."""
+    return hashlib.blake2b(json.dumps(entry).encode(), digest_size=4).hexdigest()
+
+
+def tensor_hashes(recorded: dict) -> list[str]:
+    """A fingerprint's per-parameter hashes, in the module's parameter order."""
+    return [recorded["tensors"][start : start + 8] for start in range(0, len(recorded["tensors"]), 8)]
+
+
+def first_difference(expected: dict, actual: dict, names: list[str] | None = None) -> str | None:
+    """Where two fingerprints part (the first parameter that differs, by name when ``names``, the
+    module's parameter names, are given), or None."""
+    if expected.get("digest") == actual["digest"]:
         return None
-    names = sorted(set(expected["tensors"]) | set(actual["tensors"]))
-    for name in names:
-        want, got = expected["tensors"].get(name), actual["tensors"].get(name)
+    if set(expected) != set(actual):
+        return "the recorded fingerprint is not one this rlx writes (an older rlx's, or edited)"
+    if expected["names"] != actual["names"]:
+        return "the parameters' names differ from the recorded ones"
+    if expected["dtypes"] != actual["dtypes"]:
+        return f"the parameters' dtypes differ: {runs(actual['dtypes'])}, recorded {runs(expected['dtypes'])}"
+    for index, (want, got) in enumerate(zip(tensor_hashes(expected), tensor_hashes(actual), strict=True)):
         if want != got:
-            if want is None or got is None:
-                return f"parameter {name} is {'new' if want is None else 'missing'}"
-            return f"parameter {name} differs" + (f" (dtype {got[0]}, recorded {want[0]})" if want[0] != got[0] else "")
+            return f"parameter {names[index] if names else f'number {index}'} differs"
     return "the digest differs"
+
+
+def parameter_names(module: torch.nn.Module) -> list[str]:
+    """The names :func:`first_difference` reports, in the order :func:`fingerprint` reads them."""
+    return [name for name, _ in module.named_parameters()]
+
+
+def runs(dtypes: list) -> str:
+    return ", ".join(f"{count} {dtype}" for dtype, count in dtypes)

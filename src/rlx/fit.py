@@ -356,7 +356,9 @@ class Finisher:
             check_made_again(self.layout, step)
         else:
             self.tracker.log(step, metrics)
-        write_json(metrics, self.layout.step(step).done)
+        staged = self.layout.stage_metrics(step)  # done.json keeps the rest: each metric is kept once
+        driver = {key: value for key, value in metrics.items() if key not in staged or staged[key] != value}
+        write_json(driver, self.layout.step(step).done, indent=None)
         faults.point("step.prune")
         prune_checkpoints(self.config, self.layout, step)
         self.history.append(metrics)

@@ -17,7 +17,7 @@
   step-N/<stage>_metrics.json     what each stage measured, its wall time included (written last)
   step-N/<stage>_outputs.json     size and hash of each file the stage wrote, checked on resume
   step-N/dvc.lock.gz              the DVC lock of the step (gzip): its lineage, kept after the step
-  step-N/done.json                written last: the step is complete
+  step-N/done.json                written last: the step is complete (with what the driver measured)
   curves/train.csv, curves/eval.csv   one row per step, for `dvc plots show`
   hf/step-N/                      HF exports (hf_max_keep retention)
   tracker.jsonl                   one JSON object per step (exp_tracker: jsonl)
@@ -80,6 +80,18 @@ class RunLayout:
         """Steps whose folder holds ``filename``, in order."""
         found = [int(p.parent.name.removeprefix("step-")) for p in Path(self.work_dir).glob(f"step-*/{filename}")]
         return sorted(found)
+
+    def stage_metrics(self, step: int) -> dict:
+        """What the iteration's stages measured at ``step``: their metrics files merged in stage order."""
+        merged = {}
+        for name in ITERATION:
+            merged.update(json.loads(self.step(step).metrics(name).read_text()))
+        return merged
+
+    def step_metrics(self, step: int) -> dict:
+        """All a completed step measured: its stages' metrics, then what its ``done.json`` adds (what the
+        driver measured: the step's time, its waits, DVC's record)."""
+        return {**self.stage_metrics(step), **json.loads(self.step(step).done.read_text())}
 
     def completed_steps(self) -> list[int]:
         """Steps whose ``done.json`` exists, in order."""

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from rlx import distributed, faults, lora
 from rlx.artifacts import read_json, write_json
 from rlx.config import LRConfig, WorkerConfig
-from rlx.fingerprint import fingerprint
+from rlx.fingerprint import fingerprint, tensor_hashes
 
 if TYPE_CHECKING:
     from rlx.safe_checkpoint import SnapshotCheckpointEngine
@@ -249,8 +249,8 @@ class PolicyTrainer:
         ranks must end every update identical, so anything but 0 is a bug."""
         if distributed.world_size() == 1:
             return 0.0
-        sums = torch.tensor([value for entry in own["tensors"].values() for value in entry[1:]], dtype=torch.int64)
-        every = distributed.cat_across(sums).view(distributed.world_size(), -1)
+        hashes = torch.tensor([int(value, 16) for value in tensor_hashes(own)], dtype=torch.int64)
+        every = distributed.cat_across(hashes).view(distributed.world_size(), -1)
         spread = float((every != every[0]).any(dim=1).sum())
         if spread:
             raise RuntimeError(f"the training ranks' weights diverged ({spread:.0f} ranks differ from rank 0)")

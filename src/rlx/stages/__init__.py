@@ -49,7 +49,7 @@ def output_files(name: str, paths) -> list[Path]:
 
 def record_outputs(name: str, paths) -> None:
     """Size and hash of each output file, so a resume can tell them from truncated or corrupted ones."""
-    write_json(folder_records(output_files(name, paths), paths.dir), paths.outputs(name))
+    write_json(folder_records(output_files(name, paths), paths.dir), paths.outputs(name), indent=None)
 
 
 def damaged_output(name: str, paths) -> str | None:
@@ -106,7 +106,7 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     faults.point(f"{name}.metrics")
     record_outputs(name, paths)
-    write_json(metrics, paths.metrics(name))
+    write_json(metrics, paths.metrics(name), indent=None)
     refresh_curves(name, config, step, engines)
     return metrics
 

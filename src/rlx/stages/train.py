@@ -28,7 +28,7 @@ from rlx.algo.kl import adaptive_kl_coef
 from rlx.artifacts import read_json, read_rows, write_json, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
-from rlx.fingerprint import first_difference
+from rlx.fingerprint import first_difference, parameter_names
 from rlx.microbatch import (
     Micro,
     all_ranks,
@@ -117,7 +117,8 @@ def replay(config: RLTrainerConfig, trainer, steps: range, engines) -> None:
         reseed(config, "train", step)
         update(config, step, engines, trainer)
         faults.point("replay.step")
-        problem = first_difference(read_json(paths.weights_fingerprint), trainer.fingerprint())
+        recorded = read_json(paths.weights_fingerprint)
+        problem = first_difference(recorded, trainer.fingerprint(), parameter_names(trainer.module))
         if problem:
             raise UserError(
                 f"replaying step {step} of {engines.layout.work_dir} did not re-create its policy ({problem}): "
