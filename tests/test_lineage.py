@@ -62,6 +62,11 @@ def test_a_fingerprint_costs_a_few_bytes_per_parameter_and_reads_each_in_its_rec
     widened = module.to(torch.float32)
     assert fingerprint(widened)["digest"] != recorded["digest"]
     assert fingerprint(widened, like=recorded) == recorded
+    older = {"digest": "0" * 64, "tensors": {"a": ["bfloat16", 1, 2]}}  # the table an earlier rlx kept
+    assert (
+        first_difference(older, recorded)
+        == "the recorded fingerprint is not one this rlx writes (an older rlx's, or edited)"
+    )
 
 
 @pytest.fixture(scope="module")
