@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import child_env, dvc_status, make_project
 from rlx import config as rlx_config
+from rlx import fingerprint as fingerprinting
 from rlx.artifacts import read_json
 from rlx.cli import main
 from rlx.engines import load_policy
@@ -156,6 +157,21 @@ def test_the_trainer_resumes_from_its_saved_adapter_and_state(untrained_model, t
     one_update(trainer)
     one_update(again)
     assert trainer.fingerprint() == again.fingerprint()
+
+
+def test_the_trainers_fingerprint_reads_the_frozen_base_once(untrained_model, tmp_path, monkeypatch):
+    """After the first, a trainer's fingerprint reads the adapter only, and equals one of the whole
+    module read afresh, also after an update."""
+    model = untrained_model[0].tiny_model.output_dir
+    trainer = PolicyTrainer(worker(), model, tmp_path, 4, base_dir=model, seed=3)
+    trainer.fingerprint()
+    one_update(trainer)
+    read = []
+    monkeypatch.setattr(fingerprinting, "tensor_sums", lambda tensor: read.append(tensor.numel()) or [0, 0])
+    trainer.fingerprint()
+    assert sum(read) == trainer.trainable_parameters
+    monkeypatch.undo()
+    assert trainer.fingerprint() == fingerprinting.fingerprint(trainer.module)
 
 
 def test_a_new_adapter_is_drawn_from_the_seed(untrained_model, tmp_path):

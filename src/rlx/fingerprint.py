@@ -57,19 +57,28 @@ def tensor_sums(tensor: torch.Tensor) -> list[int]:
     return [plain, weighted]
 
 
-def fingerprint(module: torch.nn.Module, like: dict | None = None) -> dict:
+def fingerprint(module: torch.nn.Module, like: dict | None = None, frozen: dict | None = None) -> dict:
     """The record of the module's parameters (tied ones once), a few bytes per parameter, since every
     step keeps one: ``digest``, a sha256 of the whole table (each name, dtype and both sums);
     ``names``, a short hash of the names in order; ``dtypes``, ``[dtype, how many]`` runs in that order;
     ``tensors``, a 32-bit hash of each parameter's dtype and sums, in that order (8 hex digits each), so
     a mismatch names the first parameter that differs. With ``like`` (a recorded fingerprint) each
     parameter is read in the dtype recorded for it: a bf16 policy loaded in fp32 for generation
-    converts back exactly, so it is compared bit for bit with what the trainer held."""
+    converts back exactly, so it is compared bit for bit with what the trainer held. ``frozen``, a dict
+    the caller keeps for the module's life, holds the sums of the parameters that do not train (a LoRA's
+    base), read once: no update changes them, and reading them was all but the adapter's share of the
+    fingerprint's time. A fingerprint of the same weights loaded afresh reads them all again."""
     recorded = [dtype for dtype, count in like["dtypes"] for _ in range(count)] if like else []
     table = {}
     for index, (name, parameter) in enumerate(module.named_parameters()):
+        kept = frozen is not None and not parameter.requires_grad
+        if kept and name in frozen:
+            table[name] = frozen[name]
+            continue
         dtype = getattr(torch, recorded[index] if index < len(recorded) else "", parameter.dtype)
         table[name] = [str(dtype).removeprefix("torch."), *tensor_sums(parameter.to(dtype))]
+        if kept:
+            frozen[name] = table[name]
     return {
         "digest": hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest(),
         "names": hashlib.sha256(json.dumps(list(table)).encode()).hexdigest()[:16],

@@ -149,6 +149,7 @@ class PolicyTrainer:
         distributed.ensure_rendezvous()
         model = trained_model(cfg, policy_dir, base_dir or policy_dir, seed)
         self.lora = lora.is_lora(model)
+        self.frozen_sums: dict = {}  # the fingerprint's sums of the weights that do not train, read once
         if cfg.deepspeed.activation_checkpointing:
             model.gradient_checkpointing_enable()
             if self.lora:  # the frozen embeddings give no gradient, which the recomputed layers need as input
@@ -242,7 +243,7 @@ class PolicyTrainer:
     def fingerprint(self) -> dict:
         """The weights' fingerprint (rlx.fingerprint), computed where they live (ZeRO-3 gathers them)."""
         with self.full_parameters():
-            return fingerprint(self.engine.module)
+            return fingerprint(self.engine.module, frozen=self.frozen_sums)
 
     def rank_weight_spread(self, own: dict) -> float:
         """How many ranks' weights differ from rank 0's (by ``own``, this rank's fingerprint); data-parallel
