@@ -12,7 +12,7 @@ from rlx.algo import advantages, kl, registry
 from rlx.algo.losses import aggregate, policy_loss
 from rlx.config import ConfigError
 from rlx.microbatch import micro_batches
-from rlx.trainer import TokenBatch, lr_factor
+from rlx.trainer import TokenBatch, lr_factor, token_logprobs
 
 
 def test_grpo_is_a_bessel_z_score_per_group_and_zero_for_equal_rewards():
@@ -408,3 +408,34 @@ def test_a_run_with_one_update_per_step_is_told_its_clip_cannot_act():
     assert message.startswith("train_worker_cfg.optimizer_steps is 1: every update is on-policy")
     assert "(cliprange_low 0.2, cliprange_high 0.28, clip_ratio_c 3.0) cannot act" in message
     assert clip_cannot_act(load(None, ["train_worker_cfg.optimizer_steps=2"])) is None
+
+
+class WithoutLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward takes no ``logits_to_keep``, as a remote-code model's may not."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def test_token_logprobs_score_from_the_first_response_position_as_the_whole_sequence_would():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=50, num_hidden_layers=1, head_dim=16, **shape))
+    batch = TokenBatch.from_ids([[5, 6, 7, 8, 9], [5, 6, 7]], [[10, 11], [12, 13, 14]], pad_id=0)
+    assert batch.first_scored == 2  # the second prompt's last token predicts its first response token
+    logp, entropy = token_logprobs(model, batch)
+    whole, whole_entropy = token_logprobs(WithoutLogitsToKeep(model), batch)
+    assert logp.shape == whole.shape == batch.mask.shape
+    assert torch.equal(logp * batch.mask, whole * batch.mask)
+    assert torch.equal(entropy * batch.mask, whole_entropy * batch.mask)
+    assert not logp[:, :2].any() and whole[:, :2].all()  # before it: not scored, zeros

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import math
 import tempfile
 from dataclasses import dataclass
@@ -52,19 +53,40 @@ class TokenBatch:
     def num_tokens(self) -> int:
         return int(self.mask.sum())
 
+    @property
+    def first_scored(self) -> int:
+        """The first column of ``mask`` any row scores (``T - 1`` when none does)."""
+        scored = self.mask.any(dim=0).nonzero()
+        return int(scored[0]) if len(scored) else self.mask.shape[1]
+
 
 def token_logprobs(model, batch: TokenBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of each next token and the entropy of each next-token distribution: ``[B, T - 1]`` each.
+    """Log-prob of each next token and the entropy of each next-token distribution: ``[B, T - 1]`` each,
+    0 before the batch's first response token.
 
-    The vocabulary-wide work runs where the model is; the two results come back to the CPU, where
-    the loss is assembled with the batch's other tensors (the copy is part of the autograd graph)."""
+    Only the positions from the batch's first response token on go through the output head and the
+    vocabulary-wide softmax (the model's ``logits_to_keep``, as TRL's GRPOTrainer does): no loss reads
+    a prompt's logits, and at a real vocabulary (151 k for Qwen) they were most of the update's
+    activation memory. The vocabulary-wide work runs where the model is; the two results come back to
+    the CPU, where the loss is assembled with the batch's other tensors (the copy is part of the
+    autograd graph)."""
     device = model.device
     input_ids = batch.input_ids.to(device)
-    logits = model(input_ids=input_ids, attention_mask=batch.attention_mask.to(device)).logits[:, :-1].float()
-    logp_all = torch.log_softmax(logits / temperature, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    start = batch.first_scored if takes_logits_to_keep(model) else 0
+    keep = {"logits_to_keep": input_ids.shape[1] - start} if start else {}
+    outputs = model(input_ids=input_ids, attention_mask=batch.attention_mask.to(device), **keep)
+    logp_all = torch.log_softmax(outputs.logits[:, :-1].float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, start + 1 :].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
-    return logp.cpu(), entropy.cpu()
+    before = (start, 0)  # the unscored positions, as zeros
+    return torch.nn.functional.pad(logp.cpu(), before), torch.nn.functional.pad(entropy.cpu(), before)
+
+
+def takes_logits_to_keep(model) -> bool:
+    """Whether the model (under a peft wrapper, its base) scores only the last positions when asked;
+    transformers' own causal LMs do, a remote-code model may not."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def lr_factor(cfg: LRConfig, step: int, total_steps: int, base_lr: float) -> float:
