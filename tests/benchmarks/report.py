@@ -207,6 +207,20 @@ def lora_cost(measured: dict) -> dict:
     }
 
 
+def scoring(whole: dict, responses: dict) -> dict:
+    """Response-only scoring against every position: medians, and the rounds' ratios (the sides alternate)."""
+    pairs = list(zip(responses["runs"], whole["runs"], strict=True))
+    return {
+        **whole["shape"],
+        "whole_s": statistics.median(run["seconds"] for run in whole["runs"]),
+        "responses_s": statistics.median(run["seconds"] for run in responses["runs"]),
+        "whole_peak_rise_mb": statistics.median(run["peak_rise_mb"] for run in whole["runs"]),
+        "responses_peak_rise_mb": statistics.median(run["peak_rise_mb"] for run in responses["runs"]),
+        "time_ratio": statistics.median(ratio(r["seconds"], w["seconds"]) for r, w in pairs),
+        "memory_ratio": statistics.median(ratio(r["peak_rise_mb"], w["peak_rise_mb"]) for r, w in pairs),
+    }
+
+
 def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else float("nan")
 
@@ -266,6 +280,8 @@ def figures(measured: dict) -> dict:
     lora = {name.removeprefix("lora/"): m for name, m in measured.items() if name.startswith("lora/")}
     if lora:
         found["lora"] = {name: lora_cost(m) for name, m in lora.items()}
+    if "scoring/whole" in measured and "scoring/responses" in measured:
+        found["scoring"] = scoring(measured["scoring/whole"], measured["scoring/responses"])
     budget = {name.removeprefix("train_memory/"): m for name, m in measured.items() if name.startswith("train_memory/")}
     if budget:
         found["train_memory"] = {
@@ -393,6 +409,17 @@ def table(results: dict) -> str:
         lines += ["", *model_size_table(f["model_size"])]
     if "lora" in f:
         lines += ["", *lora_table(f["lora"])]
+    if "scoring" in f:
+        s = f["scoring"]
+        lines += [
+            "",
+            f"| One forward and backward, {s['rows']} × ~{s['prompt_len']} prompt + {s['response_len']} response "
+            f"tokens, {s['vocab']:,}-token vocabulary | Seconds | Peak RSS rise |",
+            "|---|---|---|",
+            f"| every position scored | {s['whole_s']:.1f} s | {s['whole_peak_rise_mb']:,.0f} MB |",
+            f"| response positions only (`logits_to_keep`) | {s['responses_s']:.1f} s ({s['time_ratio']:.2f}×) "
+            f"| {s['responses_peak_rise_mb']:,.0f} MB ({s['memory_ratio']:.2f}×) |",
+        ]
     if "train_memory" in f:
         lines += [
             "",

@@ -221,7 +221,31 @@ def materialize(project: str, work_dir: str, step: int, out: str) -> dict:
     return {"seconds": time.perf_counter() - started, "replay_s": engines.replay_seconds}
 
 
+def scoring(whole: bool, vocab: int, prompt_len: int, response_len: int, rows: int) -> dict:
+    """One forward and backward of the policy-gradient log-probs (``rlx.trainer.token_logprobs``) on a
+    random Qwen3 with a real vocabulary: scoring only the response positions, or (``whole``) every
+    position, as before ``logits_to_keep``. Returns the seconds and the peak RSS rise it took."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from rlx import trainer as rlx_trainer
+
+    torch.manual_seed(0)
+    shape = {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 2}
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, num_hidden_layers=2, head_dim=64, **shape))
+    if whole:
+        rlx_trainer.takes_logits_to_keep = lambda _model: False
+    prompts = [torch.randint(5, vocab, (prompt_len - 10 * (row % 5),)).tolist() for row in range(rows)]
+    responses = [torch.randint(5, vocab, (response_len,)).tolist() for _ in range(rows)]
+    batch = rlx_trainer.TokenBatch.from_ids(prompts, responses, pad_id=0)
+    before, started = peak_rss_mb(), time.perf_counter()
+    logp, _ = rlx_trainer.token_logprobs(model, batch)
+    ((logp * batch.mask).sum() / batch.mask.sum()).backward()
+    return {"seconds": time.perf_counter() - started, "peak_rise_mb": peak_rss_mb() - before}
+
+
 WORKLOADS = {
+    "scoring": scoring,
     "fit": fit_run,
     "trl": trl_run,
     "train_memory": train_memory,
