@@ -21,6 +21,7 @@ import torch
 ROW = 1024  # elements per row: a row's weighted sum stays below 2^53 (2^31 x 1024 x 1024 / 2)
 ROWS_PER_PASS = 1024  # rows converted to float64 at a time: an 8 MiB temporary
 _INTEGER_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+SHORT_HASH_BYTES = 4  # per parameter in a record: 8 hex digits
 
 
 def row_sums(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,12 +91,13 @@ def fingerprint(module: torch.nn.Module, like: dict | None = None, frozen: dict 
 def short_hash(entry: list) -> str:
     """8 hex digits of a parameter's ``[dtype, plain, weighted]``: enough to point at the one that
     differs (the digest is what proves two fingerprints equal)."""
-    return hashlib.blake2b(json.dumps(entry).encode(), digest_size=4).hexdigest()
+    return hashlib.blake2b(json.dumps(entry).encode(), digest_size=SHORT_HASH_BYTES).hexdigest()
 
 
 def tensor_hashes(recorded: dict) -> list[str]:
     """A fingerprint's per-parameter hashes, in the module's parameter order."""
-    return [recorded["tensors"][start : start + 8] for start in range(0, len(recorded["tensors"]), 8)]
+    width = 2 * SHORT_HASH_BYTES
+    return [recorded["tensors"][start : start + width] for start in range(0, len(recorded["tensors"]), width)]
 
 
 def first_difference(expected: dict, actual: dict, names: list[str] | None = None) -> str | None:

@@ -17,10 +17,11 @@ import xxhash
 HASH = "xxh3_128"
 
 
-def file_hash(file: Path) -> str:
-    """The file's content hash, read in chunks (xxhash releases the GIL while it hashes each)."""
+def file_hash(file: Path, digest=xxhash.xxh3_128) -> str:
+    """The file's content hash (``digest``: a hashlib name or constructor), read in chunks, so a file of
+    any size takes a chunk of memory (xxhash releases the GIL while it hashes each)."""
     with open(file, "rb") as handle:
-        return hashlib.file_digest(handle, xxhash.xxh3_128).hexdigest()
+        return hashlib.file_digest(handle, digest).hexdigest()
 
 
 def folder_records(files: list[Path], root: Path) -> dict[str, dict]:

@@ -7,11 +7,11 @@ memory (or re-created by replay), so an export needs no checkpoint; only the new
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 
 from rlx.artifacts import write_json
 from rlx.config import RLTrainerConfig
+from rlx.integrity import file_hash
 
 
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
@@ -24,7 +24,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     if is_due(config, step, engines.recorded_length(step)):
         target = engines.write_policy(step, layout.hf_export(step))
         files = {
-            str(f.relative_to(target)): sha256(f)
+            str(f.relative_to(target)): file_hash(f, "sha256")  # the Hub's content hash; 16 GB at 8 B
             for f in sorted(target.rglob("*"))
             if f.is_file()  # a LoRA export's adapter/ included
         }
@@ -32,13 +32,6 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
         prune_exports(layout, config.hf_max_keep)
     write_json(record, paths.export_record)
     return {"export/exported": int(record["exported"])}
-
-
-def sha256(file) -> str:
-    """The file's sha256 (the Hugging Face Hub's content hash), read in chunks: an 8 B export's
-    safetensors hold 16 GB, which a single read would put in memory whole."""
-    with open(file, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def prune_exports(layout, keep: int) -> None:
