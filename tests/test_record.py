@@ -140,3 +140,35 @@ def test_a_lock_another_writer_changed_is_read_again(tmp_path):
     lock.write_text("schema: '2.0'\nstages:\n  other:\n    cmd: 'true'\n")  # `dvc repro` in between
     write_lock(lock, [])
     assert yaml.safe_load(lock.read_text()) == {"schema": "2.0", "stages": {"other": {"cmd": "true"}}}
+
+
+KILLED_IN_DVC = """
+import sys
+from dvc.cli import main
+from rlx.record import fault_point_inside_dvc_writes
+fault_point_inside_dvc_writes("inputs.dvc_write")
+main(["repro", "--quiet"])
+"""
+
+
+def test_dvc_lock_info_left_empty_by_a_kill_is_repaired(tmp_path, caplog):
+    """DVC rewrites .dvc/tmp/rwlock in place at every stage it runs: killed in between (the fault point
+    inside its write), it leaves the file empty and every DVC command after it fails, until rlx repairs it."""
+    from rlx.record import repair_rwlock
+
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, env=child_env(), check=True)
+    (tmp_path / "dvc.yaml").write_text("stages:\n  a:\n    cmd: echo a > out.txt\n    outs: [out.txt]\n")
+    env = child_env() | {"RLX_FAULT": "inputs.dvc_write"}
+    killed = subprocess.run([sys.executable, "-c", KILLED_IN_DVC], cwd=tmp_path, env=env, capture_output=True)
+    rwlock = tmp_path / ".dvc" / "tmp" / "rwlock"
+    assert killed.returncode == -9 and rwlock.read_bytes() == b""
+    dvc = [sys.executable, "-m", "dvc", "repro"]
+    broken = subprocess.run(dvc, cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    assert broken.returncode != 0 and "JSON structure is corrupted" in broken.stderr
+    repair_rwlock(tmp_path)
+    assert "rwlock is unreadable (a process killed while DVC wrote it?); replaced by an empty one" in caplog.text
+    subprocess.run(dvc, cwd=tmp_path, env=child_env(), check=True, capture_output=True)
+    assert (tmp_path / "out.txt").read_text() == "a\n"
+    caplog.clear()
+    repair_rwlock(tmp_path)  # a readable one is left as it is
+    assert caplog.text == ""

@@ -23,6 +23,10 @@ POINTS = (
     "policy.write",  # a policy folder (HF export, materialized step) written, not yet renamed into place
     "artifact.rename",  # any artifact written under its temporary name, not yet renamed into place
     "dvc.commit",  # the stages saved by DVC, dvc.lock not yet written
+    # DVC writes its lock info (.dvc/tmp/rwlock) and dvc.lock in place: the file is emptied when opened,
+    # then written. A kill in between leaves it empty (rlx.record.fault_point_inside_dvc_writes puts these there).
+    "inputs.dvc_write",  # in `rlx fit`'s `dvc repro` of the run's inputs
+    "record.dvc_write",  # in the process recording a step
     "step.commit",  # dvc.lock (and the step's copy) written, done.json not yet
     "step.prune",  # done.json written, old checkpoints not yet pruned
 )
@@ -41,6 +45,11 @@ def parse(spec: str | None) -> tuple[str, int] | None:
 _target = parse(os.environ.get("RLX_FAULT"))
 _reached = 0
 _also_kill: list[int] = []
+
+
+def armed(name: str) -> bool:
+    """Whether ``RLX_FAULT`` names the point ``name`` (for points that need setting up to be reached)."""
+    return _target is not None and _target[0] == name
 
 
 def kill_with(pid: int) -> None:

@@ -94,7 +94,9 @@ def dvc_commit(root: Path, names: list[str]) -> None:
     from dvc.dvcfile import load_file
     from dvc.repo import Repo
 
-    with Repo(str(root)) as repo, repo.lock, each_yaml_text_parsed_once():
+    # Another DVC command holding the repository (a `dvc status`; a `dvc repro`, whose rlx stages refuse
+    # to run during a run and so end soon) is waited for: a record that gave up would stop the run.
+    with Repo(str(root), _wait_for_lock=True) as repo, repo.lock, each_yaml_text_parsed_once():
         dvcfile = load_file(repo, "dvc.yaml")
         stages = [dvcfile.stages[name] for name in names]
         for stage in stages:
@@ -185,15 +187,59 @@ def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> 
     return {"time/dvc_commit": time.perf_counter() - started, "time/dvc_commit_cpu": time.process_time() - used}
 
 
-def recorded_md5(lock: Path, path: Path) -> str | None:
-    """The md5 a step's lock copy (gzip) recorded for ``path`` as a dependency of any stage, or None."""
-    stages = yaml.CSafeLoader(gzip.decompress(lock.read_bytes())).get_single_data().get("stages", {})
-    wanted = Path(path).as_posix()
-    for stage in stages.values():
-        for dep in stage.get("deps", []):
-            if Path(dep["path"]).as_posix() == wanted or Path(dep["path"]).resolve() == Path(path).resolve():
-                return dep.get("md5")
-    return None
+def repair_dvc_files(root: Path, layout: RunLayout) -> None:
+    """Repair what a killed process can leave half-written of DVC's own files, before DVC reads them
+    (under rlx's repository lock): its lock info and dvc.lock."""
+    repair_rwlock(root)
+    repair_dvc_lock(root, layout)
+
+
+def repair_rwlock(root: Path) -> None:
+    """DVC keeps which process reads or writes which path in ``.dvc/tmp/rwlock``, rewritten in place at
+    every stage it runs or commits: a process killed during that write leaves it empty or cut short, and
+    every DVC command after it stops (``JSON structure is corrupted``). Under DVC's own guard of that
+    file (so no live writer is overtaken), an unreadable one is replaced by an empty one: the process
+    that was writing it is dead, and DVC drops the entries of dead processes anyway."""
+    from dvc.config import Config
+    from dvc.lock import make_lock
+    from dvc.rwlock import RWLOCK_FILE, RWLOCK_LOCK, SCHEMA
+    from voluptuous import Invalid
+
+    folder = root / ".dvc" / "tmp"
+    path = folder / RWLOCK_FILE
+    if not path.is_file():
+        return
+    hardlink = Config(dvc_dir=str(root / ".dvc"))["core"].get("hardlink_lock", False)
+    with make_lock(str(folder / RWLOCK_LOCK), tmp_dir=str(folder), hardlink_lock=hardlink, wait=True):
+        try:
+            SCHEMA(json.loads(path.read_text()))
+            return
+        except (ValueError, Invalid):
+            pass
+        log.warning("%s is unreadable (a process killed while DVC wrote it?); replaced by an empty one", path)
+        write_text("{}", path)
+
+
+def fault_point_inside_dvc_writes(name: str) -> None:
+    """A testing aid (rlx.faults): DVC writes its lock info and its YAML files (dvc.lock) in place, the
+    file emptied when it is opened; put the fault point ``name`` between the opening and the writing,
+    where a kill leaves the file empty. Does nothing unless ``RLX_FAULT`` names the point."""
+    if not faults.armed(name):
+        return
+    import types
+
+    import dvc.rwlock
+    from dvc.utils.serialize import _yaml
+
+    def after_the_point(write):
+        def written(data, stream, *args, **kwargs):
+            faults.point(name)
+            return write(data, stream, *args, **kwargs)
+
+        return written
+
+    dvc.rwlock.json = types.SimpleNamespace(**{**vars(json), "dump": after_the_point(json.dump)})
+    _yaml._dump = after_the_point(_yaml._dump)
 
 
 def repair_dvc_lock(root: Path, layout: RunLayout) -> None:
@@ -247,3 +293,4 @@ def _serve_the_run(run: int) -> None:
     if os.getppid() != run:  # the run died before the line above took effect
         os._exit(1)
     faults.kill_with(run)
+    fault_point_inside_dvc_writes("record.dvc_write")
