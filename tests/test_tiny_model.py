@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import PARAMS, demo_config
 from rlx.cli import main
 from rlx.data import load_rows, prompt_ids
+from rlx.targets import json_mark
 from rlx.tasks.arith import write_dataset
 from rlx.tiny_model import build, greedy_accuracy
 
@@ -50,7 +51,7 @@ def test_loads_with_auto_classes_and_generates(tiny_model):
 
 def test_warm_start_accuracy_is_partial_and_reproducible(tiny_model):
     cfg, metrics = tiny_model
-    assert json.loads(cfg.tiny_model.metrics_path.read_text()) == metrics
+    assert json.loads(cfg.tiny_model.metrics_path.read_text()) == {**json_mark("rlx init-model"), **metrics}
     # Well above 0 and well below 100%: RL has something to start from and room to improve.
     assert 0.10 <= metrics["held_out_accuracy"] <= 0.60, metrics
     model = AutoModelForCausalLM.from_pretrained(cfg.tiny_model.output_dir)
@@ -62,7 +63,11 @@ def test_warm_start_accuracy_is_partial_and_reproducible(tiny_model):
 
 
 def test_init_model_without_data_says_how_to_make_it(tmp_path, capsys):
-    cfg_args = [f"synthetic_task.output_dir={tmp_path / 'none'}", f"tiny_model.output_dir={tmp_path / 'm'}"]
+    cfg_args = [
+        f"synthetic_task.output_dir={tmp_path / 'none'}",
+        f"tiny_model.output_dir={tmp_path / 'm'}",
+        f"tiny_model.metrics_path={tmp_path / 'm.json'}",
+    ]
     with pytest.raises(SystemExit) as exited:
         main(["init-model", str(PARAMS), *sum((["-S", a] for a in cfg_args), [])])
     assert exited.value.code == 2

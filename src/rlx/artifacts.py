@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from rlx import faults
 from rlx.errors import UserError
+from rlx.targets import parquet_mark
 
 
 class DiskFullError(UserError):
@@ -57,16 +58,21 @@ def _put_in_place(tmp: Path, path: Path) -> Path:
     return path
 
 
-def write_rows(rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None = None) -> Path:
-    """Write a list of row dicts as parquet (an empty list needs ``schema``). An empty table keeps
-    parquet's own schema only: Arrow's copy of it was half of such a file (every step that does not
-    evaluate writes one), and there are no values whose Arrow types it would restore."""
+def write_rows(
+    rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None = None, made_by: str | None = None
+) -> Path:
+    """Write a list of row dicts as parquet (an empty list needs ``schema``); ``made_by``: the command
+    that wrote it, kept in the footer (rlx.targets). An empty table keeps parquet's own schema only:
+    Arrow's copy of it was half of such a file (every step that does not evaluate writes one), and there
+    are no values whose Arrow types it would restore."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
+    if made_by is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **parquet_mark(made_by)})
     tmp = _temporary(path)
     with _cleaned_on_failure(tmp, path):
-        pq.write_table(table, tmp, store_schema=bool(rows))
+        pq.write_table(table, tmp, store_schema=bool(rows) or made_by is not None)
     return _put_in_place(tmp, path)
 
 
@@ -93,22 +99,15 @@ def write_json(data: Any, path: Path, indent: int | None = 2) -> Path:
     return write_text(json.dumps(data, indent=indent, sort_keys=True, separators=separators) + "\n", path)
 
 
-def copy_file(source: Path, path: Path) -> Path:
-    """Copy ``source`` to ``path`` (contents and times) through a temporary name."""
-    path = Path(path)
-    tmp = _temporary(path)
-    with _cleaned_on_failure(tmp, path):
-        shutil.copy2(source, tmp)
-    return _put_in_place(tmp, path)
-
-
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
 @contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
-    """Yield a temporary folder; on success it replaces ``path`` whole, on failure it is removed."""
+    """Yield a temporary folder; on success it takes the place of ``path`` (a folder there is moved aside
+    first and removed only once the new one is in place), on failure it is removed. Only for a ``path``
+    rlx writes itself: a path the user named passes rlx.targets.guard first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
@@ -117,17 +116,36 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     with _cleaned_on_failure(tmp, path):
         yield tmp
     faults.point("artifact.rename")
+    aside = tmp.with_name(f"{tmp.name}-old")
     if path.exists():
-        shutil.rmtree(path)
+        os.replace(path, aside)
     os.replace(tmp, path)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def remove_temporaries(folder: Path) -> None:
     """Delete what killed writers left under their temporary names in ``folder`` and its subfolders (one
-    level: a writer's temporary sits beside its target). Only for a folder no other process writes to."""
+    level: a writer's temporary sits beside its target); a temporary of a process still alive is its
+    writer's, and stays."""
     folder = Path(folder)
     for leftover in [*folder.glob(".*.tmp-*"), *folder.glob("*/.*.tmp-*")]:
+        if writer_is_alive(leftover):
+            continue
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
         else:
             leftover.unlink(missing_ok=True)
+
+
+def writer_is_alive(temporary: Path) -> bool:
+    """Whether the process whose pid a temporary's name ends with (``.NAME.tmp-PID``) still runs."""
+    pid = temporary.name.rpartition(".tmp-")[2].removesuffix("-old")
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

@@ -23,6 +23,7 @@ from rlx.config import RLTrainerConfig, SampleParams, TinyModelConfig
 from rlx.data import load_rows, prompt_ids
 from rlx.judgers import get as get_judger
 from rlx.rollout.transformers_backend import generate
+from rlx.targets import FOLDER_MARK, folder_mark, json_mark
 
 PAD, BOS_TURN, EOS_TURN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
@@ -175,7 +176,7 @@ def build(config: RLTrainerConfig) -> dict:
         "vocab_size": len(tokenizer),
     }
     save(model, tokenizer, cfg.output_dir)
-    write_text(json.dumps(metrics, indent=2) + "\n", cfg.metrics_path)
+    write_text(json.dumps({**json_mark("rlx init-model"), **metrics}, indent=2) + "\n", cfg.metrics_path)
     return metrics
 
 
@@ -184,3 +185,4 @@ def save(model, tokenizer, output_dir: Path) -> None:
     with atomic_dir(Path(output_dir)) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        write_text(folder_mark("rlx init-model"), tmp / FOLDER_MARK)

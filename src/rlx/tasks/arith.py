@@ -16,9 +16,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlx.artifacts import write_rows
+from rlx.artifacts import atomic_dir, write_rows, write_text
 from rlx.config import SyntheticTaskConfig
 from rlx.errors import UserError
+from rlx.targets import FOLDER_MARK, folder_mark
 from rlx.tasks.rows import INSTRUCTION, make_row
 
 DATA_SOURCE = "rlx/arith"
@@ -133,9 +134,11 @@ def to_row(problem: Problem, split: str, index: int) -> dict:
 
 
 def write_dataset(cfg: SyntheticTaskConfig) -> dict[str, Path]:
-    """Write ``train.parquet`` and ``test.parquet`` under ``cfg.output_dir``; return their paths."""
+    """Write ``train.parquet`` and ``test.parquet`` in the folder ``cfg.output_dir`` (whole, marked as
+    rlx init-data's: rlx.targets); return their paths."""
     splits = generate_splits(cfg)
-    return {
-        split: write_rows([to_row(p, split, i) for i, p in enumerate(problems)], cfg.output_dir / f"{split}.parquet")
-        for split, problems in splits.items()
-    }
+    with atomic_dir(cfg.output_dir) as folder:
+        for split, problems in splits.items():
+            write_rows([to_row(p, split, i) for i, p in enumerate(problems)], folder / f"{split}.parquet")
+        write_text(folder_mark("rlx init-data"), folder / FOLDER_MARK)
+    return {split: cfg.output_dir / f"{split}.parquet" for split in splits}

@@ -44,4 +44,4 @@ def convert_jsonl(source: Path, output: Path, name: str, to_row: Callable[[dict,
             raise UserError(f"{source}:{number}: not a {name} row ({exc})") from None
     if not rows:
         raise UserError(f"{source}: no rows (the file is empty)")
-    return write_rows(rows, output)
+    return write_rows(rows, output, made_by="rlx convert")
