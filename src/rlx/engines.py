@@ -26,7 +26,7 @@ from rlx.config import RLTrainerConfig
 from rlx.data import PromptPool, prompt_ids, run_length
 from rlx.errors import UserError, first_line
 from rlx.fingerprint import fingerprint, first_difference, parameter_names
-from rlx.integrity import first_changed
+from rlx.integrity import first_changed, folder_records
 from rlx.layout import RunLayout
 from rlx.rollout import Sampler, TransformersSampler
 from rlx.trainer import DEEPSPEED_TAG, PolicyTrainer, TrainerSnapshot
@@ -291,10 +291,12 @@ class Engines:
         if self._lmdeploy is not None:
             self._lmdeploy.sleep()
 
-    def write_policy(self, step: int, folder: Path) -> Path:
+    def write_policy(self, step: int, folder: Path, mark: dict | None = None) -> Path:
         """Step ``step``'s policy as a HF folder (written whole, under a temporary name first); a LoRA
-        policy merged into a full model, which ``from_pretrained`` loads without peft."""
-        from rlx.artifacts import atomic_dir
+        policy merged into a full model, which ``from_pretrained`` loads without peft. With ``mark``, the
+        folder keeps it in ``.rlx.json`` (rlx.targets), with each file's size and hash."""
+        from rlx.artifacts import atomic_dir, write_text
+        from rlx.targets import FOLDER_MARK, folder_mark
 
         policy = self.policy(step)
         with atomic_dir(folder) as tmp:
@@ -303,6 +305,9 @@ class Engines:
             else:
                 policy.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
+            if mark is not None:
+                files = folder_records(sorted(p for p in tmp.rglob("*") if p.is_file()), tmp)
+                write_text(folder_mark(**mark, files=files), tmp / FOLDER_MARK)
             faults.point("policy.write")
         return folder
 

@@ -14,16 +14,23 @@ Everything is read from the run's own artifacts (no W&B account needed) as panda
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from rlx.artifacts import read_json
-from rlx.errors import UserError
+from rlx.errors import UserError, first_line
+from rlx.integrity import file_hash, first_changed
 from rlx.judgers.rows import VERDICT
 from rlx.layout import RunLayout
+from rlx.targets import FOLDER_MARK
+
+log = logging.getLogger(__name__)
+MATERIALIZE = "rlx materialize"
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -63,28 +70,37 @@ class Run:
         """The resolved configuration the run was started with."""
         if not self.layout.config.is_file():
             raise UserError(f"{self.work_dir}: no config.yaml (written by `rlx fit`)")
-        return yaml.safe_load(self.layout.config.read_text())
+        damaged = f"{self.layout.config}: unreadable ({{}}); it was damaged after rlx wrote it"
+        try:
+            config = yaml.safe_load(self.layout.config.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise UserError(damaged.format(first_line(exc))) from None
+        if not isinstance(config, dict):
+            raise UserError(damaged.format("not a mapping"))
+        return config
 
     def history(self) -> pd.DataFrame:
         """One row per completed step (step 0: the base policy's evaluation), every logged metric a column."""
-        rows = [{"step": 0, **read_json(self.layout.step(0).metrics("base"))}]
+        rows = [{"step": 0, **self.layout.step(0).metrics_checked("base")}]
         rows += [{"step": step, **self.layout.step_metrics(step)} for step in self.steps()]
         return pd.DataFrame(rows).set_index("step")
 
     def _step_dir(self, step: int):
         paths = self.layout.step(step)
         if not paths.rollouts.is_file():
-            raise UserError(f"{self.work_dir}: step {step} has no rollouts (completed steps: {self.steps()})")
+            base = " (step 0 is the base model, before any rollout)" if step == 0 else ""
+            raise UserError(f"{self.work_dir}: step {step} has no rollouts{base}; completed steps: {self.steps()}")
         return paths
 
     def samples(self, step: int) -> pd.DataFrame:
         """A step's responses with their judgments and what the update made of them (``update.parquet``:
         the reward it used, KL, advantage, importance weights; empty until the step has trained)."""
         paths = self._step_dir(step)
-        rollouts = pd.read_parquet(paths.rollouts).drop(columns=[VERDICT], errors="ignore")  # judged has it
-        judged = pd.read_parquet(paths.judged).drop(columns=["step", "group", "sample"])
-        update = pd.read_parquet(paths.update) if paths.update.is_file() else pd.DataFrame(index=judged.index)
-        prompts = pd.read_parquet(paths.prompts)[["group", "dataset", "index"]]
+        table = partial(checked_table, paths)
+        rollouts = table(paths.rollouts).drop(columns=[VERDICT], errors="ignore")  # judged has it
+        judged = table(paths.judged).drop(columns=["step", "group", "sample"])
+        update = table(paths.update) if paths.update.is_file() else pd.DataFrame(index=judged.index)
+        prompts = table(paths.prompts)[["group", "dataset", "index"]]
         frame = pd.concat([rollouts.reset_index(drop=True), judged.reset_index(drop=True), update], axis=1)
         frame = frame.merge(prompts, on="group", how="left")
         frame["question"] = frame["prompt"].map(lambda p: json.loads(p)[-1]["content"])
@@ -94,7 +110,8 @@ class Run:
 
     def policy(self, step: int, out: Path | None = None) -> Path:
         """A HF folder with step ``step``'s policy: its checkpoint if it has one (and no ``out`` is asked
-        for), else re-created by replay into ``out`` (default ``<work_dir>/materialized/step-N``, reused)."""
+        for), else re-created by replay into ``out`` (default ``<work_dir>/materialized/step-N``, reused
+        while its files are what was written for the step's recorded fingerprint)."""
         from rlx.config import load
         from rlx.engines import Engines
         from rlx.lora import is_adapter
@@ -104,19 +121,22 @@ class Run:
         if not paths.weights_fingerprint.is_file():
             raise UserError(f"{self.work_dir}: step {step} has no policy (trained steps: {self.steps()})")
         folder = Path(out or self.work_dir / "materialized" / f"step-{step}")
-        if out is None and (folder / "config.json").is_file():
-            return folder
+        if out is None and folder.exists():
+            if (problem := unlike_what_was_written(folder, paths)) is None:
+                return folder
+            log.warning("%s; writing it again", problem)
         engines = Engines(load(self.layout.config, [f"work_dir={self.work_dir}"]), replay)
         if out is None and step in self.layout.checkpoints() and not is_adapter(paths.policy):
             engines.policy(step)  # its weights checked against the step's fingerprint
             return paths.policy  # (a LoRA checkpoint holds an adapter: it is merged into ``folder``)
-        return engines.write_policy(step, folder)
+        mark = {"made_by": MATERIALIZE, "step": step, "fingerprint": file_hash(paths.weights_fingerprint)}
+        return engines.write_policy(step, folder, mark)
 
     def eval_samples(self, step: int) -> pd.DataFrame:
-        path = self.layout.step(step).eval_samples
-        if not path.is_file():
+        paths = self.layout.step(step)
+        if not paths.eval_samples.is_file():
             raise UserError(f"{self.work_dir}: step {step} has no evaluation")
-        return pd.read_parquet(path)
+        return checked_table(paths, paths.eval_samples)
 
     def eval_steps(self) -> list[int]:
         return [step for step in [0, *self.steps()] if len(self.eval_samples(step))]
@@ -137,6 +157,25 @@ class Run:
         table = pd.DataFrame({f"step {before}": first, f"step {after}": second})
         table["change"] = table[f"step {after}"] - table[f"step {before}"]
         return table.sort_values("change")
+
+
+def checked_table(paths, path: Path) -> pd.DataFrame:
+    """A step's table, once it is what its stage wrote (a table edited since is refused, not shown)."""
+    return pd.read_parquet(paths.checked(path))
+
+
+def unlike_what_was_written(folder: Path, paths) -> str | None:
+    """Why a folder materialized earlier is not the policy of the step at ``paths`` as rlx wrote it (its
+    mark names the step's fingerprint and hashes its files), or None."""
+    try:
+        mark = read_json(folder / FOLDER_MARK)
+        recorded = mark["fingerprint"], mark["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{folder}: not written by {MATERIALIZE} (no readable {FOLDER_MARK})"
+    if recorded[0] != file_hash(paths.weights_fingerprint):
+        return f"{folder}: materialized from another fingerprint than step {paths.dir.name}'s"
+    problem = first_changed(folder, recorded[1])
+    return f"{problem}, since it was materialized" if problem else None
 
 
 def compare(first: Run, second: Run) -> tuple[pd.DataFrame, pd.DataFrame]:

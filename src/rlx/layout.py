@@ -28,15 +28,36 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from rlx.errors import UserError
 from rlx.integrity import first_changed
 
+REMAKE = (
+    "rlx reads a run's files only as it wrote them: restore it, or delete {step} and rerun `rlx fit` to make it again"
+)
 ITERATION = ["prepare", "rollout", "judge", "train", "checkpoint", "evaluate", "export"]  # every step's stages
 STAGES = ["base", *ITERATION]  # base: step 0, the starting policy and its evaluation
 POLICY_MARKS = ("config.json", "adapter_config.json")  # a policy folder: a full model, or a LoRA adapter
+
+
+def read_record(path: Path) -> dict:
+    """A run's small JSON record (metrics, outputs, marks), or one line saying it is unreadable."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: unreadable ({exc}); it was damaged after rlx wrote it") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path}: unreadable (not a JSON object); it was damaged after rlx wrote it")
+    return record
 
 
 def _file(name: str) -> property:
@@ -68,6 +89,36 @@ class StepPaths:
         """``<stage>_outputs.json``: size and hash of each file the stage wrote (written just before its metrics)."""
         return self.dir / f"{stage}_outputs.json"
 
+    def checked(self, path: Path) -> Path:
+        """``path``, a file of this step, once it is what its stage recorded writing (size and hash,
+        rlx.integrity): what rlx reads back from a run is what it wrote, or it is refused in one line."""
+        relative = Path(path).relative_to(self.dir).as_posix()
+        for stage in STAGES:
+            records = read_record(self.outputs(stage)) if self.outputs(stage).is_file() else {}
+            if relative in records:
+                if problem := first_changed(self.dir, {relative: records[relative]}):
+                    raise UserError(f"{problem}; {REMAKE.format(step=self.dir)}")
+                return Path(path)
+        raise UserError(f"{path}: no stage of {self.dir.name} recorded writing it; {REMAKE.format(step=self.dir)}")
+
+    def recorded_md5(self, path: Path) -> str | None:
+        """The md5 this step's DVC record (its lock copy) gives ``path``, a file of any step, or None."""
+        lock = yaml.CSafeLoader(gzip.decompress(self.lock.read_bytes())).get_single_data() or {}
+        wanted = Path(path).parts[-2:]  # the lock names paths from the project's folder: match step-N/NAME
+        for stage in lock.get("stages", {}).values():
+            for entry in [*stage.get("deps", []), *stage.get("outs", [])]:
+                if Path(entry["path"]).parts[-2:] == wanted:
+                    return entry.get("md5")
+        return None
+
+    def metrics_checked(self, stage: str) -> dict:
+        """A stage's metrics, once they are what DVC recorded for the step (when it has recorded it)."""
+        path = self.metrics(stage)
+        record = read_record(path)
+        if self.lock.is_file() and self.recorded_md5(path) not in (None, hashlib.md5(path.read_bytes()).hexdigest()):
+            raise UserError(f"{path}: not what DVC recorded for the step (edited?); {REMAKE.format(step=self.dir)}")
+        return record
+
 
 @dataclass(frozen=True)
 class RunLayout:
@@ -85,13 +136,13 @@ class RunLayout:
         """What the iteration's stages measured at ``step``: their metrics files merged in stage order."""
         merged = {}
         for name in ITERATION:
-            merged.update(json.loads(self.step(step).metrics(name).read_text()))
+            merged.update(self.step(step).metrics_checked(name))
         return merged
 
     def step_metrics(self, step: int) -> dict:
         """All a completed step measured: its stages' metrics, then what its ``done.json`` adds (what the
         driver measured: the step's time, its waits, DVC's record)."""
-        return {**self.stage_metrics(step), **json.loads(self.step(step).done.read_text())}
+        return {**self.stage_metrics(step), **read_record(self.step(step).done)}
 
     def completed_steps(self) -> list[int]:
         """Steps whose ``done.json`` exists, in order."""

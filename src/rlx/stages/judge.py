@@ -19,7 +19,7 @@ from rlx.judgers.rows import VERDICT, judge_rollouts
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
-    rollouts = read_rows(paths.rollouts)
+    rollouts = read_rows(paths.checked(paths.rollouts))
     if VERDICT in rollouts[0]:  # judged already, by the filter that kept these groups
         judged = [row.pop(VERDICT) for row in rollouts]
     else:

@@ -68,7 +68,7 @@ def informative_groups(config: RLTrainerConfig, rows: list[dict], panel: Panel) 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     flow = config.dataflow_config
-    prompts = read_rows(paths.prompts)
+    prompts = read_rows(paths.checked(paths.prompts))
     batches = [[g for g in prompts if g["batch"] == b] for b in range(max(g["batch"] for g in prompts) + 1)]
     started = time.perf_counter()
     rows = sample_groups(config, step, engines, batches[0], sampling_seed(config, step))

@@ -152,7 +152,7 @@ def score_batch(config: RLTrainerConfig, step: int, engines, trainer) -> Scored:
     """The step's judged rollouts as micro-batches with old and reference log-probs, shaped rewards,
     advantages and (under rollout correction) importance weights."""
     paths = engines.layout.step(step)
-    rollouts, judged = read_rows(paths.rollouts), read_rows(paths.judged)
+    rollouts, judged = read_rows(paths.checked(paths.rollouts)), read_rows(paths.checked(paths.judged))
     started = time.perf_counter()
     minis = prepare_micro_batches(config, rollouts, trainer, engines)
     timings = {"time/train/old_logprob": time.perf_counter() - started}
