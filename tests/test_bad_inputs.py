@@ -28,7 +28,8 @@ from rlx.cli import main
 from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.fingerprint import fingerprint
-from rlx.stages import run_stage
+from rlx.layout import StepPaths
+from rlx.stages import record_outputs, run_stage
 from rlx.stages.train import replay
 
 
@@ -108,7 +109,7 @@ def no_config(folder: Path) -> None:
 
 def rollouts_of(*data_sources: str) -> Callable[[Path, dict], None]:
     """A row's setup: step 1's rollouts in ``{d}/run`` (one response per data source, each its own group of
-    one), ready for `rlx stage judge`."""
+    one), recorded as the rollout stage records its outputs, ready for `rlx stage judge`."""
 
     def setup(folder: Path, inputs: dict) -> None:
         rows = [
@@ -117,6 +118,7 @@ def rollouts_of(*data_sources: str) -> Callable[[Path, dict], None]:
             for group, source in enumerate(data_sources)
         ]  # fmt: skip
         write_rows(rows, folder / "run" / "step-1" / "rollouts.parquet")
+        record_outputs("rollout", StepPaths(folder / "run" / "step-1"))  # as the rollout stage records them
 
     return setup
 
@@ -353,7 +355,7 @@ def test_a_judger_that_raises_hangs_or_scores_nonsense_scores_zero_and_is_counte
     judgers = [
         {"judger_name": "custom", "data_source": [source], "options": {"function": f"helpers.judges:{function}"}}
         for source, function in functions.items()
-    ]
+    ] + [{"judger_name": "arith", "data_source": ["rlx/arith"]}]  # the datasets' own rows (checked before the stage)
     argv = ["stage", "judge", str(inputs["params"]), "-S", f"work_dir={tmp_path / 'run'}", "-S",
             f"judger_config.reward_judger_configs={json.dumps(judgers)}", "-S", "judger_config.timeout=3",
             "-S", "dataflow_config.prompt_repeat_k=1", "-S", "advantage_estimator_config.type=reinforce_plus_plus"]  # fmt: skip

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import json
-import pickle
 import shutil
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 
 from conftest import ROOT, make_project
 from rlx.config import JudgerConfig
+from rlx.errors import UserError
 
 SECRET = "wandb-secret-0123456789abcdef"
 UNSAFE_CALLS = {
@@ -169,8 +169,11 @@ def test_optimizer_state_loads_weights_only_and_refuses_a_tampered_file(finished
     state = next((step / "trainer_state").rglob("*optim_states.pt"))
     marker = tmp_path / "code-ran"
     torch.save({"optimizer_state_dict": Payload(marker)}, tampered / state.relative_to(step / "trainer_state"))
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(UserError) as refused:
         PolicyTrainer(config.train_worker_cfg, step / "policy", tampered, 4)
+    message = str(refused.value)
+    assert f"{tampered}/" in message and "refused: it holds more than tensors and DeepSpeed's records" in message
+    assert "nothing in it was run" in message and "weights_only" not in message
     assert not marker.exists(), "unpickling the tampered state ran its code"
 
 

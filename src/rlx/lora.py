@@ -72,12 +72,32 @@ def check_targets(cfg: LoraConfig, model, load_from: Path) -> None:
 
 
 def check_model(cfg: LoraConfig, load_from: Path) -> None:
-    """:func:`check_targets` against the architecture in ``load_from``, built without its weights."""
+    """:func:`check_targets` and :func:`check_rank` against the architecture in ``load_from``, built
+    without its weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(load_from))
     check_targets(cfg, model, load_from)
+    check_rank(cfg, model, load_from)
+
+
+def check_rank(cfg: LoraConfig, model, load_from: Path) -> None:
+    """Refuse a rank above the smallest side of an adapted layer: ``B A`` of such a rank can be no more
+    than that layer's full rank, so the extra rows would only cost memory (a rank of 1e9 asks for terabytes)."""
+    targets = set(linear_modules(model) if cfg.target_modules == "all-linear" else cfg.target_modules)
+    sides = {
+        name: min(module.in_features, module.out_features)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+    }
+    narrowest = min(sides, key=sides.get, default=None)
+    if narrowest is not None and cfg.rank > sides[narrowest]:
+        raise UserError(
+            f"train_worker_cfg.lora.rank: {cfg.rank} exceeds the rank any adapted layer of the model in load_from "
+            f"{load_from} can have ({narrowest}: {sides[narrowest]}, the smaller of its sides); at most "
+            f"{sides[narrowest]}"
+        )
 
 
 def adapt(model, cfg: LoraConfig, load_from: Path, adapter: Path | None, seed: int):

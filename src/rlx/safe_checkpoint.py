@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
+import re
 
 import torch
 from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 from deepspeed.runtime.fp16.loss_scaler import LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
+
+from rlx.errors import UserError
 
 STATE_RECORDS = [LossScaler, ZeroStageEnum, fragment_address]  # what ZeRO's optimizer state holds besides tensors
 
@@ -69,8 +73,19 @@ class SnapshotCheckpointEngine(TorchCheckpointEngine):
         self.saved: dict[str, object] = {}
 
     def load(self, path: str, map_location=None):
-        with torch.serialization.safe_globals(STATE_RECORDS):
-            return torch.load(path, map_location=map_location, weights_only=True)
+        """The state in ``path``; a file holding anything but tensors, plain data and DeepSpeed's records is
+        refused in one line (torch's own error would advise loading it unsafely)."""
+        try:
+            with torch.serialization.safe_globals(STATE_RECORDS):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            found = re.search(r"GLOBAL (\S+)", str(exc))
+            holds = f" ({found[1]})" if found else ""
+            raise UserError(
+                f"{path}: refused: it holds more than tensors and DeepSpeed's records{holds}, so a tampered or foreign "
+                "optimizer state; nothing in it was run. Restore the checkpoint, or delete its trainer_state/ and "
+                "rlx re-creates it by replay"
+            ) from None
 
     def save(self, state_dict, path: str) -> None:
         """Keep a host copy of ``state_dict``; under LoRA of its trainable tensors only: the frozen base is

@@ -33,11 +33,18 @@ class AcceleratorResourcesConfig(Section):
     )
 
 
+MAX_GROUP = 1024  # responses to one prompt: 16x the largest group in use (GRPO's 64)
+
+
 class SampleParams(Section):
     """Sampling parameters of rollout and evaluation (XTuner ``SampleParams``)."""
 
     n: int = Field(
-        1, gt=0, description="Samples per prompt in evaluation (pass@k, maj@n); rollouts use prompt_repeat_k."
+        1,
+        gt=0,
+        le=MAX_GROUP,
+        description=f"Samples per prompt in evaluation (pass@k, maj@n; at most {MAX_GROUP}); rollouts use "
+        "prompt_repeat_k.",
     )
     temperature: float = Field(
         1.0,
@@ -102,8 +109,10 @@ class DataFlowConfig(Section):
     prompt_repeat_k: int = Field(
         8,
         gt=0,
+        le=MAX_GROUP,
         description="Responses per prompt, the group of group estimators: DeepSeekMath's GRPO (arXiv 2402.03300) "
-        "samples 64, DAPO (arXiv 2503.14476) 16.",
+        f"samples 64, DAPO (arXiv 2503.14476) 16. At most {MAX_GROUP}: 16 times the largest group in use, past which "
+        "a step's generation grows and its advantages do not improve.",
     )
     sample_params: SampleParams = Field(default_factory=SampleParams, description="Sampling of training rollouts.")
     enable_dynamic_sampling: bool = Field(

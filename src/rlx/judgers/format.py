@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rlx.errors import UserError
+
 
 @dataclass(frozen=True)
 class FormatJudger:
@@ -12,6 +14,13 @@ class FormatJudger:
     correct_score: float = 1.0
     wrong_score: float = 0.0
     in_process = True
+
+    def __post_init__(self) -> None:
+        """Compile the pattern now: a wrong one would otherwise make every response a judger error."""
+        try:
+            re.compile(self.pattern, flags=re.DOTALL)
+        except (re.error, TypeError) as exc:
+            raise UserError(f"judger 'format': pattern {self.pattern!r} is not a regular expression ({exc})") from None
 
     def extract(self, response: str) -> str | None:
         return None
