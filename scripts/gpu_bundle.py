@@ -39,7 +39,10 @@ LMDEPLOY_NEEDS = [
     "requests",
     "prometheus-client",
 ]
-RLX_NEEDS = ["peft", "dvc", "math-verify", "pydantic", "ruamel.yaml", "ruamel.yaml.clib", "pyyaml", "xxhash"]
+RLX_NEEDS = [
+    *("peft", "dvc", "math-verify", "pydantic", "ruamel.yaml", "ruamel.yaml.clib", "pyyaml", "xxhash"),
+    "pygit2",  # a DVC dependency too (through scmrepo); rlx.experiment uses it itself
+]
 DEEPSPEED_NEEDS = ["hjson", "msgpack", "ninja", "nvidia-ml-py", "einops"]
 LEFT_BEHIND = ["wandb"]  # the GPU check runs with wandb.mode: disabled, which never imports it
 BUILT_HERE = ["deepspeed", "antlr4-python3-runtime"]  # published as source only: built into pure-Python wheels

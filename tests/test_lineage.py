@@ -164,12 +164,119 @@ def test_a_step_that_does_not_exist_or_whose_records_are_gone_is_refused(copy, c
     )
 
 
-def test_edited_records_are_caught_by_the_fingerprint(copy, capsys):
+def test_edited_records_are_refused_before_they_are_replayed_or_shown(copy, capsys):
+    """A middle step's tables, edited after the fact (their hashes kept with the step), are never read."""
     edit_rewards(copy / "runs/demo/step-1/judged.parquet")
     code, out, err = rlx(["materialize", "runs/demo", "--step", "1", "--out", "one"], copy, capsys)
     assert code == 2 and "Traceback" not in err
-    assert err.startswith("error: replaying step 1 of runs/demo did not re-create its policy (parameter ")
-    assert "training was not deterministic (on a GPU: set CUBLAS_WORKSPACE_CONFIG" in err
+    assert err.startswith("error: runs/demo/step-1/judged.parquet: ")
+    assert err.endswith(
+        "rlx reads a run's files only as it wrote them: restore it, or delete runs/demo/step-1 and rerun `rlx fit` "
+        "to make it again\n"
+    )
+    update = copy / "runs/demo/step-2/update.parquet"
+    frame = pd.read_parquet(update)
+    frame["advantage"] = frame["advantage"] + 1.0  # a forged advantage, same size
+    frame.to_parquet(update, index=False)
+    code, out, err = rlx(["show", "runs/demo", "--step", "2"], copy, capsys)
+    assert (code, out) == (2, "") and err.startswith("error: runs/demo/step-2/update.parquet: ")
+    code, out, err = rlx(["show", "runs/demo", "--step", "0"], copy, capsys)
+    assert (code, err) == (
+        2,
+        "error: runs/demo: step 0 has no rollouts (step 0 is the base model, before any rollout); completed steps: "
+        "[1, 2, 3]\n",
+    )
+
+
+def test_metrics_edited_or_damaged_are_refused_in_one_line(copy, capsys):
+    shutil.copytree(copy / "runs/demo", copy / "runs/b")
+    metrics = copy / "runs/b/step-3/train_metrics.json"
+    edited = json.loads(metrics.read_text()) | {"train/loss": -1.0}
+    metrics.write_text(json.dumps(edited, separators=(",", ":"), sort_keys=True) + "\n")
+    code, out, err = rlx(["compare", "runs/demo", "runs/b"], copy, capsys)
+    assert (code, err) == (
+        2,
+        "error: runs/b/step-3/train_metrics.json: not what DVC recorded for the step (edited?); rlx reads a run's "
+        "files only as it wrote them: restore it, or delete runs/b/step-3 and rerun `rlx fit` to make it again\n",
+    )
+    metrics.write_text('{"train/loss": ')
+    code, out, err = rlx(["compare", "runs/demo", "runs/b"], copy, capsys)
+    assert code == 2 and err.startswith("error: runs/b/step-3/train_metrics.json: unreadable (Expecting value")
+
+
+def test_a_materialized_folder_is_reused_only_as_it_was_written(copy, capsys, caplog):
+    folder = copy / "runs/demo/materialized/step-1"
+    code, _, err = rlx(["materialize", "runs/demo", "--step", "1"], copy, capsys)
+    assert code == 0, err
+    weights = load_file(folder / "model.safetensors")
+    name = sorted(weights)[0]
+    save_file({**weights, name: weights[name] + 1}, folder / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = rlx(["materialize", "runs/demo", "--step", "1"], copy, capsys)
+    assert code == 0, err
+    assert "model.safetensors: contents differ from what was written (corrupted), since it was materialized" in (
+        caplog.text
+    )
+    assert weights_fingerprint(folder) == read_json(copy / "runs/demo/step-1/fingerprint.json")
+
+
+def tree(project: Path) -> dict[str, bytes]:
+    """Every file of the project but DVC's own, by its path: what a refused command must leave as it was."""
+    return {
+        str(p.relative_to(project)): p.read_bytes()
+        for p in project.rglob("*")
+        if p.is_file() and ".dvc" not in p.relative_to(project).parts
+    }
+
+
+GUARDED = [  # a command that writes, pointed at something it must not replace: its exact message
+    (["materialize", "runs/demo", "--step", "1", "--out", "."],
+     "--out .: holds the repository {project} (with its .git and DVC cache), which rlx would replace; give a new "
+     "path, e.g. models/NAME"),
+    (["materialize", "runs/demo", "--step", "1", "--out", "runs/demo"],
+     "--out runs/demo: is {project}/runs/demo, an input of rlx materialize; give another path"),
+    (["materialize", "runs/demo", "--step", "1", "--out", "data/arith"],
+     "--out data/arith: already exists and rlx materialize did not write it (it replaces only what it wrote "
+     "itself); remove it or give a new path"),
+    (["materialize", "runs/demo", "--step", "1", "--out", "params.yaml"],
+     "--out params.yaml: is a file; give the path of a folder"),
+    (["eval", "data/tiny-qwen3", "--data", "data/arith/test.parquet", "--output", "data/arith/test.parquet"],
+     "--output data/arith/test.parquet: is {project}/data/arith/test.parquet, an input of rlx eval; give another "
+     "path"),
+    (["eval", "data/tiny-qwen3", "--data", "data/arith/test.parquet", "--output", "data"],
+     "--output data: holds {project}/data/tiny-qwen3, an input of rlx eval; give another path"),
+    (["eval", "data/tiny-qwen3", "--data", "data/arith/test.parquet", "--output", "src"],
+     "--output src: is a folder; give the path of a file, e.g. src/out"),
+    (["convert", "gsm8k", "data/gsm8k/test.jsonl", "data/arith/train.parquet"],
+     "OUTPUT data/arith/train.parquet: already exists and rlx convert did not write it (it replaces only what it "
+     "wrote itself); remove it or give a new path"),
+    (["config", "schema", "-o", "dvc.yaml"],
+     "--output dvc.yaml: already exists and rlx config schema did not write it (it replaces only what it wrote "
+     "itself); remove it or give a new path"),
+    (["init-data", "params.yaml", "-S", "synthetic_task.output_dir=.."],
+     "synthetic_task.output_dir ..: holds the repository {project} (with its .git and DVC cache), which rlx would "
+     "replace; give a new path, e.g. models/NAME"),
+    (["init-model", "params.yaml", "-S", "tiny_model.output_dir=runs/demo/step-1/model"],
+     "tiny_model.output_dir runs/demo/step-1/model: lies in the rlx run {project}/runs/demo, whose files rlx keeps "
+     "on record; give a path outside it"),
+]  # fmt: skip
+
+
+def test_an_output_path_never_replaces_what_rlx_did_not_write(copy, capsys):
+    """Every command that writes refuses, before writing, a path holding the project, a run, its own
+    input, or anything it did not write itself; what it wrote itself it replaces."""
+    before = tree(copy)
+    outcomes = {}
+    for argv, _ in GUARDED:
+        code, out, err = rlx(argv, copy, capsys)
+        outcomes[" ".join(argv)] = (code, err)
+        assert tree(copy) == before, f"{argv} changed the project"
+    assert outcomes == {" ".join(a): (2, f"error: {m.format(project=copy)}\n") for a, m in GUARDED}
+    for _ in range(2):  # the second time over what the first wrote
+        code, _, err = rlx(["convert", "gsm8k", "data/gsm8k/test.jsonl", "converted.parquet"], copy, capsys)
+        assert code == 0, err
+        code, _, err = rlx(["materialize", "runs/demo", "--step", "1", "--out", "models/one"], copy, capsys)
+        assert code == 0, err
+    assert weights_fingerprint(copy / "models/one") == read_json(copy / "runs/demo/step-1/fingerprint.json")
 
 
 def test_a_damaged_checkpoint_is_refused_and_a_missing_one_replayed_around(copy, capsys):

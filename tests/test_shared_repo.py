@@ -5,6 +5,7 @@ inputs that must be refused before anything is written (params.yaml and the work
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_a_second_run_in_the_repository_is_refused_and_the_first_goes_on(pristin
 
 def test_a_configuration_changed_since_the_run_started_is_refused(finished, tmp_path):
     project = copy(finished, tmp_path)
-    edit_params(project / "params.yaml", ["train_worker_cfg.optim_cfg.lr=2e-4"])  # edited by hand after the run
+    edit_params(project / "params.yaml", ["train_worker_cfg.optim_cfg.lr=2.0e-4"])  # edited by hand after the run
     error = one_line_error(fit(project))
     assert (
         "error: work_dir runs/demo holds a run made with another configuration (runs/demo/config.yaml): "
@@ -125,6 +126,14 @@ def a_file(project: Path) -> str:
     return "work_dir=runs/new"
 
 
+def edited_command(project: Path) -> str:
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(
+        dvc_yaml.read_text().replace("rlx stage train params.yaml", "rlx stage train params.yaml -S seed=7")
+    )
+    return "seed=42"
+
+
 REFUSED = {
     "broken dataset row": (broken_rows, "bad.jsonl: row 0: missing column 'prompt'"),
     "truncated weights": (
@@ -140,6 +149,57 @@ REFUSED = {
         "load_from runs/new/step-0/policy is inside work_dir runs/new: the run would train from its own outputs",
     ),
     "work_dir is a file": (a_file, "work_dir runs/new: is a file; give a folder"),
+    "work_dir outside the project": (
+        lambda project: f"work_dir={project.parent / 'elsewhere'}",
+        "elsewhere: outside the DVC project",
+    ),
+    "a stage's command edited in dvc.yaml": (
+        edited_command,
+        "dvc.yaml: stage train runs `rlx stage train params.yaml -S seed=7`; rlx runs it as `rlx stage train "
+        "params.yaml` in the project's folder, so that what DVC records is what ran",
+    ),
+    "unknown judger": (
+        lambda _: "judger_config.reward_judger_configs.0.judger_name=nope",
+        "unknown judger 'nope'; available: arith, custom, format, gsm8k, math, reward_model",
+    ),
+    "judger option it does not take": (
+        lambda _: "judger_config.reward_judger_configs.0.options={nonsense: 1}",
+        "judger 'arith': bad options {'nonsense': 1}",
+    ),
+    "a format judger's pattern that is no regex": (
+        lambda _: (
+            'judger_config.reward_judger_configs=[{"judger_name": "format", "data_source": ["rlx/arith"], '
+            '"options": {"pattern": "(unclosed"}}]'
+        ),
+        "judger 'format': pattern '(unclosed' is not a regular expression (missing ), unterminated subpattern",
+    ),
+    "data_source no judger scores": (
+        lambda _: "judger_config.reward_judger_configs.0.data_source=[someone/else]",
+        "no judger scores data_source 'rlx/arith'; judger_config.reward_judger_configs covers ['someone/else']",
+    ),
+    "fewer prompts than a batch": (
+        lambda _: "dataflow_config.global_batch_size=100000",
+        "longer than replay_buffer_config.max_prompt_length), fewer than dataflow_config.global_batch_size=100000",
+    ),
+    "LoRA rank past any layer's": (
+        lambda _: "train_worker_cfg.lora.rank=1000000000",
+        "train_worker_cfg.lora.rank: 1000000000 exceeds the rank any adapted layer of the model in load_from "
+        "data/tiny-qwen3 can have",
+    ),
+    "a million responses per prompt": (
+        lambda _: "dataflow_config.prompt_repeat_k=1000000",
+        "dataflow_config.prompt_repeat_k: Input should be less than or equal to 1024; got 1000000",
+    ),
+    "a step past the machine's memory": (
+        lambda _: "dataflow_config.global_batch_size=1000000000",
+        "dataflow_config: a step of 1000000000 prompts x 4 responses (prompt_repeat_k) of up to 160 tokens needs "
+        "about 9,537 GiB to hold its rollouts, more than this machine's",
+    ),
+    "responses past the model's context": (
+        lambda _: "dataflow_config.sample_params.max_tokens=100000",
+        "dataflow_config.sample_params.max_tokens: 100000 new tokens after a prompt of up to "
+        "replay_buffer_config.max_prompt_length=128 exceed the model's context of 256 tokens",
+    ),
 }
 
 
@@ -157,3 +217,94 @@ def test_a_refused_run_writes_nothing(case, pristine, tmp_path, capsys, monkeypa
     assert exited.value.code == 2 and message in error and "Traceback" not in error, error
     assert (project / "params.yaml").read_bytes() == params and (project / "dvc.lock").read_bytes() == lock
     assert {p for p in project.rglob("*") if ".dvc" not in p.parts} == before
+
+
+def run_files(project: Path) -> dict[str, bytes]:
+    """The run's files and the DVC record: what a refused stage must leave exactly as they were."""
+    files = {str(p.relative_to(project)): p.read_bytes() for p in (project / "runs").rglob("*") if p.is_file()}
+    return files | {name: (project / name).read_bytes() for name in ("dvc.lock", "params.yaml")}
+
+
+def dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=project, env=child_env(), capture_output=True, text=True
+    )
+
+
+def test_dvc_repro_of_a_run_with_an_edited_configuration_is_refused_and_changes_nothing(finished, tmp_path):
+    """`dvc repro` runs `rlx stage`, which makes `rlx fit`'s checks: the run's steps were made with another
+    learning rate, so its train stage refuses; DVC, told the outputs persist, deleted none of them."""
+    project = copy(finished, tmp_path)
+    edit_params(project / "params.yaml", ["train_worker_cfg.optim_cfg.lr=0.05"])
+    before = run_files(project)
+    done = dvc(project, "repro")
+    error = " ".join(done.stderr.split())
+    assert done.returncode != 0 and "Traceback" not in error, error
+    assert "error: work_dir runs/demo holds a run made with another configuration (runs/demo/config.yaml): " in error
+    assert "train_worker_cfg.optim_cfg.lr: 0.0001 -> 0.05" in error and "failed to reproduce 'train'" in error
+    assert run_files(project) == before
+
+
+REPOSITORY_HOLDER = """
+import sys, time
+from pathlib import Path
+from rlx.worklock import hold_repository
+with hold_repository(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_stage_run_while_rlx_fit_holds_the_repository_is_refused_and_changes_nothing(finished, tmp_path, capsys):
+    project = copy(finished, tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", REPOSITORY_HOLDER, str(project)], env=child_env(), stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        before = run_files(project)
+        done = dvc(project, "repro", "--force", "--single-item", "export")
+        assert done.returncode != 0 and f"the repository {project.resolve()} is in use by " in " ".join(
+            done.stderr.split()
+        ), done.stderr[-3000:]
+        assert run_files(project) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def experiments(shown) -> dict[str, dict]:
+    """``dvc exp show --json``'s experiments by name: their params and metrics."""
+    found = {}
+    if isinstance(shown, dict):
+        if shown.get("name") and isinstance(shown.get("data"), dict):
+            found[shown["name"]] = shown["data"]
+        for value in shown.values():
+            found |= experiments(value)
+    elif isinstance(shown, list):
+        for value in shown:
+            found |= experiments(value)
+    return found
+
+
+def test_finished_runs_are_dvc_experiments_side_by_side(finished, tmp_path):
+    project = copy(finished, tmp_path)
+    (project / ".gitignore").write_text("runs/\nmetrics.json\n")  # as the repository's own
+    git = ["git", "-c", "user.name=rlx tests", "-c", "user.email=tests@rlx"]
+    for command in (["add", "-A"], ["commit", "-q", "-m", "the project"]):
+        subprocess.run([*git, *command], cwd=project, check=True, capture_output=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout
+    assert "saved as DVC experiment demo" in fit(project).stdout  # finished already: recorded again, and saved
+    second = fit(project, "work_dir=runs/b", "train_worker_cfg.optim_cfg.lr=2.0e-4")
+    assert second.returncode == 0 and "saved as DVC experiment b" in second.stdout, second.stderr[-3000:]
+    shown = experiments(json.loads(dvc(project, "exp", "show", "--json").stdout))
+    shown = {name: data for name, data in shown.items() if name in {"demo", "b"}}  # not the baseline row
+    lr = {name: shown[name]["params"]["params.yaml"]["data"]["train_worker_cfg"]["optim_cfg"]["lr"] for name in shown}
+    assert lr == {"demo": 1e-4, "b": 2e-4}
+    summaries = {name: shown[name]["metrics"]["metrics.json"]["data"] for name in shown}
+    assert {name: summary["step"] for name, summary in summaries.items()} == {"demo": 2, "b": 2}
+    assert summaries["demo"] == json.loads((finished / "metrics.json").read_text())
+    diff = dvc(project, "exp", "diff", "--all", "demo", "b").stdout
+    assert "train_worker_cfg.optim_cfg.lr" in diff and "response/rewards/mean" in diff
+    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout == head
+    assert dvc_status(project) == {}

@@ -90,8 +90,12 @@ def config_schema(
 ) -> None:
     """Write the JSON schema of params.yaml (every field, type, default and description)."""
     from rlx.config import json_schema
+    from rlx.targets import guard, json_mark
 
-    text = json.dumps(json_schema(), indent=2) + "\n"
+    command = "rlx config schema"
+    if output is not None:
+        guard(output, "--output", command, folder=False)
+    text = json.dumps({**(json_mark(command) if output else {}), **json_schema()}, indent=2) + "\n"
     if output is None:
         sys.stdout.write(text)
     else:
@@ -104,18 +108,25 @@ def config_schema(
 @app.command("init-data")
 def init_data(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
     """Generate the synthetic arithmetic task (train and held-out parquet files)."""
+    from rlx.targets import guard
     from rlx.tasks.arith import write_dataset
 
-    for split, path in write_dataset(load_config(params, overrides).synthetic_task).items():
+    task = load_config(params, overrides).synthetic_task
+    guard(task.output_dir, "synthetic_task.output_dir", "rlx init-data", folder=True)
+    for split, path in write_dataset(task).items():
         console.print(f"{split}: {path}")
 
 
 @app.command("init-model")
 def init_model(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
     """Build the tiny Qwen3 base model: local tokenizer, random init, short supervised warm start."""
+    from rlx.targets import guard
     from rlx.tiny_model import build
 
     config = load_config(params, overrides)
+    inputs = [config.synthetic_task.output_dir]
+    guard(config.tiny_model.output_dir, "tiny_model.output_dir", "rlx init-model", folder=True, inputs=inputs)
+    guard(config.tiny_model.metrics_path, "tiny_model.metrics_path", "rlx init-model", folder=False, inputs=inputs)
     started = time.perf_counter()
     metrics = build(config)
     console.print(f"model saved to {config.tiny_model.output_dir} in {time.perf_counter() - started:.0f} s")
@@ -138,11 +149,12 @@ def stage(
     overrides: OverridesOpt = None,
 ) -> None:
     """Run one pipeline stage for the step in params.yaml's `run.step` (`run.checkpoint` for the
-    checkpoint stage): what dvc.yaml calls."""
+    checkpoint stage): what dvc.yaml calls. It takes the same locks and makes the same checks as
+    `rlx fit`, and a run's first stage records the run's configuration, which its later stages must keep."""
     from rlx.dvcdeps import undeclared_datasets
     from rlx.engines import Engines
     from rlx.layout import STAGES
-    from rlx.preflight import check_setup
+    from rlx.preflight import entered, record_configuration
     from rlx.stages import run_stage
     from rlx.stages.train import replay
 
@@ -153,8 +165,9 @@ def stage(
     if problem:
         raise UserError(problem)
     step = config.run.checkpoint if name == "checkpoint" else config.run.step
-    check_setup(config)
-    metrics = run_stage(name, config, step, Engines(config, replay))
+    with entered(params, config):
+        record_configuration(config, keep=True)
+        metrics = run_stage(name, config, step, Engines(config, replay))
     console.print_json(data=metrics)
 
 
@@ -180,11 +193,13 @@ def convert(
     split: Annotated[str, typer.Option(help="Recorded in extra_info.split.")] = "test",
 ) -> None:
     """Convert a public set (GSM8K, MATH-500) into rlx prompt rows with the field's prompt template."""
+    from rlx.targets import guard
     from rlx.tasks import gsm8k, math500
 
     converters = {"gsm8k": gsm8k.convert, "math500": math500.convert}
     if dataset not in converters:
         raise UserError(f"unknown dataset {dataset!r}; convertible: {', '.join(converters)}")
+    guard(output, "OUTPUT", "rlx convert", folder=False, inputs=[source])
     console.print(f"written {converters[dataset](source, output, split)}")
 
 
@@ -197,7 +212,10 @@ def materialize(
     """Write any step's policy as a HF folder: loaded from its checkpoint, or re-created by replaying
     the recorded updates after the newest checkpoint before it (each replayed step's fingerprint checked)."""
     from rlx.explore import Run
+    from rlx.targets import guard
 
+    if out is not None:
+        guard(out, "--out", "rlx materialize", folder=True, inputs=[run])
     folder = Run(run).policy(step, out)
     console.print(f"step {step}'s policy written to {folder}")
 
@@ -225,7 +243,10 @@ def evaluate(
     from rlx.engines import Engines
     from rlx.explore import Run
     from rlx.stages.evaluate import SAMPLE_SCHEMA, evaluate_policy
+    from rlx.targets import guard
 
+    if output is not None:
+        guard(output, "--output", "rlx eval", folder=False, inputs=[model_dir, *data])
     if step is not None:
         model_dir = Run(model_dir).policy(step)
 
@@ -248,7 +269,7 @@ def evaluate(
         table.add_row(name, f"{value:.4f}")
     console.print(table)
     if output:
-        write_rows(samples, output, schema=SAMPLE_SCHEMA)
+        write_rows(samples, output, schema=SAMPLE_SCHEMA, made_by="rlx eval")
         console.print(f"samples written to {output}")
 
 
@@ -264,7 +285,10 @@ def show(
     from rlx.explore import Run
 
     explored = Run(run)
-    step = step or explored.steps()[-1]
+    if step is None:
+        if not explored.steps():
+            raise UserError(f"{run}: no step has finished yet; give one with --step")
+        step = explored.steps()[-1]
     samples = explored.samples(step)
     table = Table("group", "sample", "question", "response", "extracted", "reward", "advantage", "finish",
                   title=f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}")  # fmt: skip

@@ -33,13 +33,20 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlx import dvcdeps, faults, preflight, worklock
-from rlx.artifacts import read_json, remove_temporaries, write_json, write_text
-from rlx.config import RLTrainerConfig, RunPointer, load, to_yaml
+from rlx import dvcdeps, experiment, faults, preflight
+from rlx.artifacts import read_json, write_json, write_text
+from rlx.config import RLTrainerConfig, load
 from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.layout import ITERATION, RunLayout
-from rlx.record import edit_params, point_at_step, record_step, recorded_md5, recorder, repair_dvc_lock
+from rlx.record import (
+    edit_params,
+    fault_point_inside_dvc_writes,
+    point_at_step,
+    record_step,
+    recorder,
+    repair_dvc_files,
+)
 from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
 from rlx.stages.train import clip_cannot_act, replay
@@ -63,6 +70,7 @@ def ensure_inputs(config: RLTrainerConfig) -> None:
     from dvc.cli import main as dvc_main
 
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    fault_point_inside_dvc_writes("inputs.dvc_write")
     with dvc_errors() as errors:
         status = dvc_main(["repro", "--quiet", *targets])
     logging.getLogger("dvc").setLevel(logging.WARNING)  # DVC's CLI set its logger up for itself
@@ -114,11 +122,10 @@ def steps_to_run(layout: RunLayout, start: int, total: int) -> tuple[list[int], 
 
 def check_made_again(layout: RunLayout, step: int) -> None:
     """A step made again must equal the one the next step was made from (its lineage has the hash)."""
-    lock = layout.step(step + 1).lock
-    if not lock.is_file():
+    if not layout.step(step + 1).lock.is_file():
         return
     fingerprint = layout.step(step).weights_fingerprint
-    expected = recorded_md5(lock, fingerprint)
+    expected = layout.step(step + 1).recorded_md5(fingerprint)
     if expected and expected != hashlib.md5(fingerprint.read_bytes()).hexdigest():
         raise UserError(
             f"step {step} was made again but differs from the step {step + 1} was made from (its {fingerprint.name}); "
@@ -239,13 +246,25 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
     """
     params = Path(params).resolve()
     config = load(params, overrides)
-    with contextlib.chdir(params.parent), worklock.hold_repository(params.parent):
-        preflight.check(config)
-        existed = Path(config.work_dir).exists()
-        with worklock.hold_work_dir(config.work_dir):
-            with undone_if_refused(params, config.work_dir, existed):
-                config, engines, start = set_up(params, overrides)
-            return run_steps(config, params, engines, start, console or Console())
+    console = console or Console()
+    with preflight.entered(params, config) as existed:
+        with undone_if_refused(params, config.work_dir, existed):
+            config, engines, start = set_up(params, overrides)
+        history = run_steps(config, params, engines, start, console)
+        if not config.debug_rollout:
+            save_as_experiment(params.parent, config.work_dir, console)
+        return history
+
+
+def save_as_experiment(project: Path, work_dir: Path, console: Console) -> None:
+    """The finished run as a DVC experiment named after its folder (rlx.experiment), or why it is not one."""
+    name = Path(work_dir).name
+    try:
+        commit = experiment.save(project, name)
+    except ValueError as reason:
+        log.warning("the run is not saved as a DVC experiment: %s", reason)
+        return
+    console.print(f"saved as DVC experiment {name} ({commit[:7]}): see `dvc exp show` and `dvc exp diff`")
 
 
 @contextlib.contextmanager
@@ -269,12 +288,11 @@ def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, Engines
     config = load(params)
     if (params.parent / "dvc.yaml").is_file():
         dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
-    repair_dvc_lock(params.parent, RunLayout(config.work_dir))
+    repair_dvc_files(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
     if reason := clip_cannot_act(config):
         log.warning(reason)
     engines = Engines(config, replay)
-    remove_temporaries(engines.layout.work_dir)
     return config, engines, first_step_to_run(config, engines)
 
 
@@ -283,7 +301,7 @@ def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: in
     if config.debug_rollout:
         return [debug_rollout(config, params, start, engines, console)]
     layout.work_dir.mkdir(parents=True, exist_ok=True)
-    write_text(to_yaml(config.model_copy(update={"run": RunPointer()})), layout.config)
+    preflight.record_configuration(config)
     tracker = Tracker(config, first_step=0 if start == 1 else start)
     try:
         if start == 1:
@@ -293,7 +311,7 @@ def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: in
         with progress_bar(console) as progress:
             steps, again = steps_to_run(layout, start, total)
             task = progress.add_task("", total=total, completed=start - 1)
-            finish = Finisher(config, layout, tracker, again, progress, task)
+            finish = Finisher(config, layout, params.parent, tracker, again, progress, task)
             # DVC records step N in the background while the next steps run (behind N's checkpoint, if it
             # writes one; a checkpoint's hash can outlast a step); a step counts as done (done.json) only
             # once recorded, so a run killed before that re-records it on resume.
@@ -337,6 +355,7 @@ class Finisher:
 
     config: RLTrainerConfig
     layout: RunLayout
+    project: Path
     tracker: Tracker
     again: set[int]  # steps made again: already logged, checked against their lineage instead
     progress: Progress
@@ -359,6 +378,7 @@ class Finisher:
         staged = self.layout.stage_metrics(step)  # done.json keeps the rest: each metric is kept once
         driver = {key: value for key, value in metrics.items() if key not in staged or staged[key] != value}
         write_json(driver, self.layout.step(step).done, indent=None)
+        experiment.write_summary(self.project, self.layout, step)
         faults.point("step.prune")
         prune_checkpoints(self.config, self.layout, step)
         self.history.append(metrics)

@@ -9,25 +9,46 @@ were made with (a step's record must say what it used).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import yaml
 
-from rlx.config import RLTrainerConfig, RunPointer
-from rlx.data import load_rows
+from rlx import worklock
+from rlx.artifacts import remove_temporaries, write_text
+from rlx.config import RLTrainerConfig, RunPointer, to_yaml
+from rlx.data import PromptPool, load_rows
 from rlx.errors import UserError
-from rlx.layout import RunLayout
+from rlx.layout import STAGES, RunLayout
 
 # Fields a resumed run may change: they decide what is logged or kept, never what a step computes.
 CHANGEABLE_ON_RESUME = {"auto_resume", "wandb", "exp_tracker", "debug_rollout", "checkpoint_maxkeep", "hf_max_keep"}
 CONVERTED_SETS = [Path("data/gsm8k/train.parquet"), Path("data/gsm8k/test.parquet"), Path("data/math500/test.parquet")]
 
 
-def check(config: RLTrainerConfig) -> None:
+@contextlib.contextmanager
+def entered(params: Path, config: RLTrainerConfig) -> Iterator[bool]:
+    """What every way into a run goes through, `rlx fit` and `rlx stage` (so `dvc repro`) alike: in the
+    project's folder (paths in params.yaml are relative to it), the repository's lock, every check
+    before anything is written, then the run's lock; yields whether the work_dir existed before."""
+    project = Path(params).resolve().parent
+    with contextlib.chdir(project), worklock.hold_repository(project):
+        check(config, project)
+        existed = Path(config.work_dir).exists()
+        with worklock.hold_work_dir(config.work_dir):
+            for folder in {project, Path(config.work_dir), *(Path(p).parent for p in made_by_the_pipeline(config))}:
+                remove_temporaries(folder)  # what killed writers left, here or in an earlier run
+            yield existed
+
+
+def check(config: RLTrainerConfig, project: Path) -> None:
     check_setup(config)
-    check_overlaps(config)
+    check_pipeline(project)
+    check_overlaps(config, project)
     check_inputs(config)
     check_unchanged(config, RunLayout(config.work_dir))
 
@@ -74,11 +95,35 @@ def overlaps(a: Path, b: Path) -> bool:
     return a.is_relative_to(b) or b.is_relative_to(a)
 
 
-def check_overlaps(config: RLTrainerConfig) -> None:
+def check_pipeline(project: Path) -> None:
+    """rlx's stages in the project's dvc.yaml run as rlx writes them (`rlx stage NAME params.yaml`): a
+    command edited by hand would run something else than what DVC records as the stage's inputs."""
+    dvc_yaml = project / "dvc.yaml"
+    if not dvc_yaml.is_file():
+        return
+    stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {})
+    for name in (name for name in STAGES if name in stages):
+        command = stages[name].get("cmd")
+        if command != f"rlx stage {name} params.yaml" or "wdir" in stages[name]:
+            where = f"runs `{command}`" if "wdir" not in stages[name] else f"runs in wdir {stages[name]['wdir']}"
+            raise UserError(
+                f"{dvc_yaml}: stage {name} {where}; rlx runs it as `rlx stage {name} params.yaml` in the project's "
+                "folder, so that what DVC records is what ran: put it back (its configuration belongs in params.yaml)"
+            )
+
+
+def check_overlaps(config: RLTrainerConfig, project: Path) -> None:
     """DVC refuses two stages with overlapping outputs only once params.yaml says so, in words about
-    its stages; say it first, in the fields' words."""
+    its stages; say it first, in the fields' words. DVC records only what lies inside its project, so
+    the run must too."""
     if Path(config.work_dir).is_file():
         raise UserError(f"work_dir {config.work_dir}: is a file; give a folder (it holds the run's steps)")
+    root = next((folder for folder in [project, *project.parents] if (folder / ".dvc").is_dir()), None)
+    if root is not None and not Path(config.work_dir).resolve().is_relative_to(root):
+        raise UserError(
+            f"work_dir {config.work_dir}: outside the DVC project {root}, where DVC records each step; "
+            "choose a work_dir inside it, e.g. runs/NAME"
+        )
     for output in made_by_the_pipeline(config):
         if overlaps(config.work_dir, output):
             raise UserError(
@@ -93,29 +138,50 @@ def check_overlaps(config: RLTrainerConfig) -> None:
 
 
 def check_inputs(config: RLTrainerConfig) -> None:
-    """Datasets, model and tokenizer, each read as the run will read it; what the pipeline makes is
-    left to it (it is made by rlx's own code, after the run starts)."""
-    made = made_by_the_pipeline(config)
-    pending = [path for path in made if not Path(path).exists()]
-    datasets = [
-        *(d.anno_path for d in config.replay_buffer_config.dataset_cfg),
-        *(d.anno_path for d in config.evaluator_config.dataset_cfg),
-    ]
-    for path in datasets:
-        if not any(overlaps(path, output) for output in pending):
-            load_rows(path)
-    if not any(overlaps(config.load_from, output) for output in pending):
-        check_model(config)
+    """Datasets, model and tokenizer, each read as the run will read it, and what the run asks of them:
+    judgers for every data source, a batch's worth of usable prompts, sizes the model and the machine
+    can hold. What the pipeline makes is left to it (made by rlx's own code, after the run starts)."""
+    pending = [path for path in made_by_the_pipeline(config) if not Path(path).exists()]
+
+    def ready(path) -> bool:
+        return not any(overlaps(path, output) for output in pending)
+
+    train = [d.anno_path for d in config.replay_buffer_config.dataset_cfg]
+    evaluated = [d.anno_path for d in config.evaluator_config.dataset_cfg]
+    rows = {path: load_rows(path) for path in [*train, *evaluated] if ready(path)}
+    check_judging(config, rows)
+    if ready(config.load_from):
+        tokenizer = check_model(config)
+        check_sizes(config)
+        if all(ready(path) for path in train):
+            PromptPool.load(config, tokenizer).steps_per_epoch(config.dataflow_config.global_batch_size)
 
 
-def check_model(config: RLTrainerConfig) -> None:
+def check_judging(config: RLTrainerConfig, rows: dict[Path, list[dict]]) -> None:
+    """Every judger the run names exists and takes its options, and every data source of the datasets
+    has one (the message the judge stage would give in its step, given before the run starts)."""
+    from rlx.judgers import Panel, get
+
+    panel = Panel(config.judger_config)
+    for dataset in config.replay_buffer_config.dataset_cfg:
+        for source in sorted({row["data_source"] for row in rows.get(dataset.anno_path, [])}):
+            panel.seats_for(source)
+    for dataset in config.evaluator_config.dataset_cfg:
+        if dataset.judger_name is not None:
+            get(dataset.judger_name, **dataset.judger_options)
+            continue
+        for source in sorted({row["data_source"] for row in rows.get(dataset.anno_path, [])}):
+            panel.seats_for(source)
+
+
+def check_model(config: RLTrainerConfig):
     """The base model's folder, the headers of its weights (a truncated file is found here, not in the
-    middle of step 0) and the tokenizer with its chat template."""
+    middle of step 0) and the tokenizer with its chat template, which it returns."""
     from safetensors import SafetensorError, safe_open
 
     from rlx.engines import Engines
 
-    Engines(config).tokenizer  # noqa: B018 (loading it checks it: folder, chat template, vocabulary)
+    tokenizer = Engines(config).tokenizer  # loading it checks it: folder, chat template, vocabulary
     if config.train_worker_cfg.lora is not None:
         from rlx.lora import check_model as check_lora
 
@@ -126,6 +192,47 @@ def check_model(config: RLTrainerConfig) -> None:
                 pass
         except (SafetensorError, OSError) as exc:
             raise UserError(f"load_from {config.load_from}: {weights.name} is damaged ({exc})") from None
+    return tokenizer
+
+
+BYTES_PER_ROLLOUT_TOKEN = 16  # a response token's id and log-prob, its text, and the tables' copies of them
+
+
+def check_sizes(config: RLTrainerConfig) -> None:
+    """Sizes the model and the machine can hold: a prompt and its response within the model's context,
+    and one step's rollouts within this machine's memory (a group of a million responses would run on
+    for days before it failed)."""
+    from transformers import AutoConfig
+
+    context = AutoConfig.from_pretrained(config.load_from).get_text_config().max_position_embeddings
+    flow, longest = config.dataflow_config, config.replay_buffer_config.max_prompt_length
+    for path, params in [("dataflow_config", flow.sample_params), *evaluation_sampling(config)]:
+        if longest + params.max_tokens > context:
+            raise UserError(
+                f"{path}.sample_params.max_tokens: {params.max_tokens} new tokens after a prompt of up to "
+                f"replay_buffer_config.max_prompt_length={longest} exceed the model's context of {context} tokens "
+                f"(max_position_embeddings in load_from {config.load_from})"
+            )
+    responses = flow.global_batch_size * flow.prompt_repeat_k
+    needed = responses * (longest + flow.sample_params.max_tokens) * BYTES_PER_ROLLOUT_TOKEN
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory:
+        raise UserError(
+            f"dataflow_config: a step of {flow.global_batch_size} prompts x {flow.prompt_repeat_k} responses "
+            f"(prompt_repeat_k) of up to {longest + flow.sample_params.max_tokens} tokens needs about "
+            f"{needed / 2**30:,.0f} GiB to hold its rollouts, more than this machine's {memory / 2**30:,.0f} GiB"
+        )
+
+
+def evaluation_sampling(config: RLTrainerConfig) -> list[tuple[str, object]]:
+    """(field path, sampling) of every evaluated set: its own, or the evaluator's."""
+    evaluator = config.evaluator_config
+    return [
+        (f"evaluator_config.dataset_cfg.{i}", d.sample_params)
+        if d.sample_params
+        else ("evaluator_config", evaluator.sample_params)
+        for i, d in enumerate(evaluator.dataset_cfg)
+    ]
 
 
 def differences(recorded: dict, current: dict, prefix: str = "") -> list[str]:
@@ -138,6 +245,14 @@ def differences(recorded: dict, current: dict, prefix: str = "") -> list[str]:
         elif old != new:
             found.append(f"{path}: {old!r} -> {new!r}")
     return found
+
+
+def record_configuration(config: RLTrainerConfig, keep: bool = False) -> None:
+    """Write the run's configuration (``config.yaml``), which :func:`check_unchanged` holds its later
+    steps to; ``keep``: only if the run has none yet."""
+    layout = RunLayout(config.work_dir)
+    if not (keep and layout.config.is_file()):
+        write_text(to_yaml(config.model_copy(update={"run": RunPointer()})), layout.config)
 
 
 def check_unchanged(config: RLTrainerConfig, layout: RunLayout) -> None:
