@@ -68,17 +68,16 @@ def test_rlx_fit_shortens_openmp_spinning_unless_told_otherwise(tmp_path):
 
 
 def test_pointing_params_at_a_step_changes_its_three_lines_only(tmp_path):
-    """The same params as the round trip's edit, and no other line touched (the round trip also
-    rewrites ``lora: null`` as ``lora:``)."""
+    """The fast edit and the round trip change the same three lines and no other (``lora: null`` stays)."""
     fast, round_trip = tmp_path / "fast.yaml", tmp_path / "round_trip.yaml"
     for path in (fast, round_trip):
         path.write_text(PARAMS.read_text())
     point_at_step(fast, 12, 10)
     edit_params(round_trip, ["run.step=12", "run.prev=11", "run.checkpoint=10"])
-    assert yaml.safe_load(fast.read_text()) == yaml.safe_load(round_trip.read_text())
-    lines = zip(PARAMS.read_text().splitlines(), fast.read_text().splitlines(), strict=True)
-    changed = [new for old, new in lines if old != new]
-    assert [line.split("#")[0].strip() for line in changed] == ["step: 12", "prev: 11", "checkpoint: 10"]
+    for edited in (fast, round_trip):
+        lines = zip(PARAMS.read_text().splitlines(), edited.read_text().splitlines(), strict=True)
+        changed = [new for old, new in lines if old != new]
+        assert [line.split("#")[0].strip() for line in changed] == ["step: 12", "prev: 11", "checkpoint: 10"]
 
 
 @pytest.mark.parametrize(

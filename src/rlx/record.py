@@ -45,12 +45,18 @@ def edit_params(path: Path, overrides: list[str]) -> None:
     round_trip = YAML()
     round_trip.preserve_quotes = True
     round_trip.indent(mapping=2, sequence=4, offset=2)
+    round_trip.representer.add_representer(type(None), write_null)
     tree = round_trip.load(path.read_text())
     for override in overrides:
         apply_override(tree, override)
     text = io.StringIO()
     round_trip.dump(tree, text)
     write_text(text.getvalue(), path)
+
+
+def write_null(representer, _):
+    """``null`` as the user wrote it (ruamel's round trip would leave the value empty: ``lora:``)."""
+    return representer.represent_scalar("tag:yaml.org,2002:null", "null")
 
 
 def point_at_step(path: Path, step: int, checkpoint: int) -> None:
