@@ -41,7 +41,7 @@ LMDEPLOY_NEEDS = [
 ]
 RLX_NEEDS = [
     *("peft", "dvc", "math-verify", "pydantic", "ruamel.yaml", "ruamel.yaml.clib", "pyyaml", "xxhash"),
-    "pygit2",  # a DVC dependency too (through scmrepo); rlx.experiment uses it itself
+    "pygit2",  # a DVC dependency too (through scmrepo); rlx.lineage.experiment uses it itself
 ]
 DEEPSPEED_NEEDS = ["hjson", "msgpack", "ninja", "nvidia-ml-py", "einops"]
 LEFT_BEHIND = ["wandb"]  # the GPU check runs with wandb.mode: disabled, which never imports it

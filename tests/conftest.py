@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from rlx import config  # noqa: E402
-from rlx.distributed import without_rendezvous  # noqa: E402
 from rlx.tasks import gsm8k, math500  # noqa: E402
+from rlx.training.distributed import without_rendezvous  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
@@ -48,10 +48,10 @@ def demo_data(tmp_path_factory):
 
 
 BUILD_INPUTS = [
-    "src/rlx/tiny_model.py",
+    "src/rlx/tasks/tiny_model.py",
     "src/rlx/tasks/arith.py",
     "src/rlx/tasks/rows.py",
-    "src/rlx/data.py",
+    "src/rlx/tasks/data.py",
     "params.yaml",
 ]
 
@@ -73,7 +73,7 @@ def tiny_model(demo_data, request):
     """The demo's base model, built exactly as `rlx init-model params.yaml` builds it. The build is
     deterministic, so a local rerun reuses the last one from pytest's cache while its inputs are
     unchanged (a clean checkout, as in CI, always builds)."""
-    from rlx.tiny_model import build
+    from rlx.tasks.tiny_model import build
 
     cache = getattr(request.config, "cache", None)
     stored = cache.mkdir(f"tiny-model-{build_key()}") if cache else None
@@ -93,9 +93,9 @@ def tiny_model(demo_data, request):
 def untrained_model(tmp_path_factory):
     """The demo's inputs in seconds, shaped like ``tiny_model``: 400 problems and a small Qwen3 with its
     tokenizer, not warm-started. For tests of plumbing and error paths, where learning does not matter."""
-    from rlx.data import load_rows
     from rlx.tasks.arith import write_dataset
-    from rlx.tiny_model import chat_text, create_model, save, train_tokenizer
+    from rlx.tasks.data import load_rows
+    from rlx.tasks.tiny_model import chat_text, create_model, save, train_tokenizer
 
     cfg = demo_config(
         tmp_path_factory.mktemp("untrained"),
@@ -157,7 +157,7 @@ def make_project(base: Path, tiny_model) -> Path:
     # The data and model were made by the same code outside DVC: record them as its stages' outputs.
     stages = ["init_data", "init_model", "convert_gsm8k@train", "convert_gsm8k@test", "convert_math500"]
     run([sys.executable, "-m", "dvc", "commit", "-f", "-q", *stages], project)
-    from rlx.record import edit_params
+    from rlx.lineage.record import edit_params
 
     edit_params(project / "params.yaml", SHORT_RUN)
     return project

@@ -11,8 +11,8 @@ import torch
 from rlx.algo import advantages, kl, registry
 from rlx.algo.losses import aggregate, policy_loss
 from rlx.config import ConfigError
-from rlx.microbatch import micro_batches
-from rlx.trainer import TokenBatch, lr_factor, token_logprobs
+from rlx.training.microbatch import micro_batches
+from rlx.training.trainer import TokenBatch, lr_factor, token_logprobs
 
 
 def test_grpo_is_a_bessel_z_score_per_group_and_zero_for_equal_rewards():

@@ -23,14 +23,14 @@ from safetensors.torch import load_file
 
 from conftest import PARAMS
 from rlx import config as rlx_config
-from rlx.artifacts import DiskFullError, read_json, read_rows, write_rows
 from rlx.cli import main
 from rlx.engines import Engines
 from rlx.errors import UserError
-from rlx.fingerprint import fingerprint
-from rlx.layout import StepPaths
+from rlx.lineage.fingerprint import fingerprint
 from rlx.stages import record_outputs, run_stage
 from rlx.stages.train import replay
+from rlx.store.artifacts import DiskFullError, read_json, read_rows, write_rows
+from rlx.store.layout import StepPaths
 
 
 @pytest.fixture(scope="module")
@@ -417,7 +417,7 @@ def optimizer_state(trainer) -> str:
 def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
     inputs, judged_step, tmp_path, monkeypatch, caplog, zero_stage
 ):
-    import rlx.microbatch as microbatch
+    import rlx.training.microbatch as microbatch
 
     real_loss = microbatch.policy_loss
 
@@ -466,7 +466,7 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
 def test_non_finite_weights_are_found_without_false_alarms():
     """The check after every update clears a parameter by its sum: NaN and +-inf are found, a finite
     tensor whose sum overflows is not taken for one, and a frozen parameter (LoRA's base) is not read."""
-    from rlx.trainer import nonfinite_parameter
+    from rlx.training.trainer import nonfinite_parameter
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     with torch.no_grad():
@@ -484,7 +484,7 @@ def test_non_finite_weights_are_found_without_false_alarms():
 def test_disk_full_while_saving_a_checkpoint_keeps_the_previous_one(inputs, judged_step, tmp_path, monkeypatch, part):
     import transformers
 
-    from rlx.safe_checkpoint import SnapshotCheckpointEngine
+    from rlx.training.safe_checkpoint import SnapshotCheckpointEngine
 
     def disk_full(folder):
         (Path(folder) / "partial").write_bytes(b"half a file")

@@ -219,7 +219,7 @@ def test_settings_that_cannot_act_here_are_refused_or_warned_once(tmp_path, recw
     import torch
 
     from rlx.errors import UserError
-    from rlx.preflight import check_setup
+    from rlx.run.preflight import check_setup
 
     check_setup(config.load(PARAMS))
     assert not [w for w in recwarn if "rollout_config" in str(w.message)]  # the demo sets none of them

@@ -11,12 +11,12 @@ from safetensors.torch import load_file
 
 from conftest import dvc_status, make_project
 from rlx import config as rlx_config
-from rlx import distributed, launcher
 from rlx.engines import Engines
 from rlx.errors import UserError
-from rlx.fit import fit
+from rlx.run.fit import fit
 from rlx.stages import run_stage
 from rlx.stages.train import replay
+from rlx.training import distributed, launcher
 
 
 def test_deal_gives_every_rank_the_same_number_of_micro_batches():
@@ -41,7 +41,7 @@ def test_hostfile_slots_are_counted_and_bad_lines_named(tmp_path):
 def test_launch_command_uses_deepspeed_on_this_host_or_the_hostfile(tmp_path):
     local = launcher.launch_command(2, None, 29999, ["train", "c.yaml", "1", "r.json"])
     assert local[0].endswith("deepspeed") and local[1:3] == ["--num_gpus", "2"]
-    assert local[-6:] == ["--module", "rlx.rank", "train", "c.yaml", "1", "r.json"]
+    assert local[-6:] == ["--module", "rlx.run.rank", "train", "c.yaml", "1", "r.json"]
     remote = launcher.launch_command(16, tmp_path / "hosts", 29999, ["train"])
     assert remote[1:3] == ["--hostfile", str(tmp_path / "hosts")]
 

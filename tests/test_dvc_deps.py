@@ -1,6 +1,5 @@
 """dvc.yaml declares what each stage really reads: its code is the stage's import closure, its data every
-dataset of the dataset_cfg lists it reads; and the import graph it is computed from has no cycle and
-no import from a library module up into the stages or the drivers."""
+dataset of the dataset_cfg lists it reads (the import graph's own rules: tests/test_house.py)."""
 
 from __future__ import annotations
 
@@ -8,19 +7,8 @@ import yaml
 
 from conftest import PARAMS, ROOT
 from rlx import config as rlx_config
-from rlx import dvcdeps
-from rlx.layout import STAGES
-
-DRIVERS = {"rlx.cli", "rlx.__main__", "rlx.api", "rlx.fit", "rlx.explore", "rlx.rank"}  # above the stages
-
-
-def all_modules() -> set[str]:
-    package = ROOT / "src" / "rlx"
-    names = set()
-    for file in package.rglob("*.py"):
-        parts = file.relative_to(package.parent).with_suffix("").parts
-        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
+from rlx.lineage import dvcdeps
+from rlx.store.layout import STAGES
 
 
 def declared() -> dict[str, list[str]]:
@@ -39,7 +27,7 @@ def test_every_dataset_of_every_list_a_stage_reads_is_a_dep():
     config = rlx_config.load(PARAMS)
     for name, deps in declared().items():
         assert [d for d in deps if ".dataset_cfg[" in d] == dvcdeps.dataset_deps(name, config), name
-        assert dvcdeps.stage_deps(name, deps, config) == deps, f"{name}: run rlx.dvcdeps.sync"
+        assert dvcdeps.stage_deps(name, deps, config) == deps, f"{name}: run rlx.lineage.dvcdeps.sync"
     assert "${replay_buffer_config.dataset_cfg[0].anno_path}" in declared()["prepare"]
     two = rlx_config.load(
         PARAMS,
@@ -72,29 +60,3 @@ def test_stages_that_do_not_judge_import_no_judger():
         assert not any(f.startswith("src/rlx/judgers") for f in dvcdeps.code_files(name)), name
     for name in ("base", "rollout", "judge", "evaluate"):
         assert "src/rlx/judgers/rows.py" in dvcdeps.code_files(name), name
-
-
-def test_import_graph_has_no_cycle_and_no_upward_import():
-    modules = all_modules()
-    # an import of a.b.c imports a and a.b first; a module's own packages are no edge (they load before it)
-    graph = {
-        name: {p for m in dvcdeps.imports(name) for p in dvcdeps.packages(m)} - set(dvcdeps.packages(name))
-        for name in modules
-    }
-    for name in modules - DRIVERS:
-        if not name.startswith("rlx.stages"):
-            upward = {m for m in graph[name] if m.startswith("rlx.stages") or m in DRIVERS}
-            assert not upward, f"library module {name} imports {sorted(upward)}"
-    state: dict[str, str] = {}
-
-    def visit(name: str, path: list[str]) -> None:
-        state[name] = "open"
-        for other in sorted(graph[name]):
-            assert state.get(other) != "open", f"import cycle: {' -> '.join([*path, name, other])}"
-            if other not in state:
-                visit(other, [*path, name])
-        state[name] = "done"
-
-    for name in sorted(modules):
-        if name not in state:
-            visit(name, [])

@@ -7,10 +7,10 @@ import itertools
 import pytest
 
 from conftest import DATA
-from rlx.artifacts import read_rows
 from rlx.cli import main
-from rlx.data import load_rows
 from rlx.stages.evaluate import dataset_metrics, majority_correct, pass_at_k
+from rlx.store.artifacts import read_rows
+from rlx.tasks.data import load_rows
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(4, 1, 1), (4, 1, 2), (8, 3, 4), (8, 0, 2), (8, 8, 8), (5, 4, 3)])
@@ -76,7 +76,7 @@ class RecordingSampler:
         self.calls = []
 
     def generate(self, prompt_ids, params, *, seed):
-        from rlx.rollout.types import Generation
+        from rlx.samplers.types import Generation
 
         self.calls.append((list(prompt_ids), seed))
         return [Generation(list(p), [1, 2], "#### 3", [0.0, 0.0], "stop") for p in prompt_ids]

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from rlx import config
 from rlx.config import RLTrainerConfig, unsupported_reason
-from rlx.rollout import LMDEPLOY_ONLY
+from rlx.samplers import LMDEPLOY_ONLY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def refusal(model: type[BaseModel], name: str) -> str | None:
     return unsupported_reason(model.model_fields[name])
 
 
-# Fields rlx reads but one backend ignores: warned about once per run (rlx.preflight.check_setup).
+# Fields rlx reads but one backend ignores: warned about once per run (rlx.run.preflight.check_setup).
 WARNED = {f"rollout_config.{name}": "read by the lmdeploy backend only" for name in LMDEPLOY_ONLY}
 
 
@@ -76,7 +76,7 @@ def test_every_field_is_read_refused_or_warned(path, model, name):
         return
     assert is_read(name), f"{path}: nothing in src/rlx reads it; make it live, or refuse it with unsupported()"
     if path in WARNED:
-        assert WARNED[path] in (ROOT / "src/rlx/preflight.py").read_text()
+        assert WARNED[path] in (ROOT / "src/rlx/run/preflight.py").read_text()
 
 
 @pytest.mark.parametrize(("path", "model", "name"), LEAVES, ids=[leaf[0] for leaf in LEAVES])

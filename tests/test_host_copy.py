@@ -1,4 +1,4 @@
-"""The checkpoint engine's host copies (rlx.safe_checkpoint): independent of what training does next,
+"""The checkpoint engine's host copies (rlx.training.safe_checkpoint): independent of what training does next,
 each shared tensor copied once. From a GPU they are page-locked: tests/gpu measures that path."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlx.safe_checkpoint import host_copy
+from rlx.training.safe_checkpoint import host_copy
 
 
 def test_a_host_copy_is_independent_and_copies_a_shared_tensor_once():

@@ -1,8 +1,8 @@
-"""rlx.integrity: what a stage wrote, recorded by size and hash, and each way a file can stop matching."""
+"""rlx.store.integrity: what a stage wrote, recorded by size and hash, and each way a file can stop matching."""
 
 from __future__ import annotations
 
-from rlx.integrity import HASH, first_changed, folder_records
+from rlx.store.integrity import HASH, first_changed, folder_records
 
 
 def written(tmp_path):

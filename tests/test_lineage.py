@@ -16,11 +16,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import make_project
-from rlx.artifacts import read_json
 from rlx.cli import main
 from rlx.explore import Run
-from rlx.fingerprint import fingerprint, first_difference
-from rlx.layout import RunLayout
+from rlx.lineage.fingerprint import fingerprint, first_difference
+from rlx.store.artifacts import read_json
+from rlx.store.layout import RunLayout
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def test_a_fingerprint_costs_a_few_bytes_per_parameter_and_reads_each_in_its_rec
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, tiny_model) -> Path:
     """A finished 3-step run with checkpoints kept at 0, 2 and 3; step 1 has no weights of its own."""
-    from rlx.fit import fit
+    from rlx.run.fit import fit
 
     project = make_project(tmp_path_factory.mktemp("lineage"), tiny_model)
     overrides = ["rollout_steps=3", "checkpoint_maxkeep=-1", "evaluator_config.enable_evaluate=false"]

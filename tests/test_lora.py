@@ -16,17 +16,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import child_env, dvc_status, make_project
 from rlx import config as rlx_config
-from rlx import fingerprint as fingerprinting
-from rlx.artifacts import read_json
 from rlx.cli import main
 from rlx.engines import load_policy
 from rlx.errors import UserError
 from rlx.explore import Run
-from rlx.fit import fit
-from rlx.layout import RunLayout
-from rlx.lora import check_model, full_weights, linear_modules, merged
-from rlx.record import edit_params
-from rlx.trainer import PolicyTrainer, TokenBatch, token_logprobs
+from rlx.lineage import fingerprint as fingerprinting
+from rlx.lineage.record import edit_params
+from rlx.run.fit import fit
+from rlx.store.artifacts import read_json
+from rlx.store.layout import RunLayout
+from rlx.training.lora import check_model, full_weights, linear_modules, merged
+from rlx.training.trainer import PolicyTrainer, TokenBatch, token_logprobs
 
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 
@@ -266,7 +266,8 @@ def test_a_killed_lora_run_resumes_to_the_same_adapter(lora_run, tmp_path, tiny_
     # killed after step 1 trained, before anything of it was checkpointed: the rerun replays it
     killed = subprocess.run(command, cwd=resumed, env=child_env() | {"RLX_FAULT": "checkpoint.start@2"})
     assert killed.returncode == -9
-    subprocess.run(command, cwd=resumed, env=child_env(), check=True, capture_output=True)
+    done = subprocess.run(command, cwd=resumed, env=child_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
     adapter = "runs/demo/step-2/policy/adapter_model.safetensors"
     assert (resumed / adapter).read_bytes() == (project / adapter).read_bytes()
     assert dvc_status(resumed) == {}

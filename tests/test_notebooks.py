@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 from conftest import ROOT, child_env, make_project
 from rlx.cli import main
 from rlx.explore import Run, compare
-from rlx.fit import fit
+from rlx.run.fit import fit
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,11 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import ROOT, SHORT_RUN, child_env, dvc_status, make_project, run
-from rlx.artifacts import read_json, read_rows
-from rlx.fit import fit
-from rlx.layout import RunLayout
-from rlx.record import edit_params
-from rlx.tracking import read_tracker
+from rlx.lineage.record import edit_params
+from rlx.run.fit import fit
+from rlx.run.tracking import read_tracker
+from rlx.store.artifacts import read_json, read_rows
+from rlx.store.layout import RunLayout
 
 pytestmark = pytest.mark.slow
 

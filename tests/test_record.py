@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from conftest import PARAMS, child_env
-from rlx.record import dvc_commit, edit_params, point_at_step, recorder, replace_run_pointers, write_lock
+from rlx.lineage.record import dvc_commit, edit_params, point_at_step, recorder, replace_run_pointers, write_lock
 
 # A run that starts the recorder, prints the recorder's pid, then waits to be killed.
 RUN = """
 import os, sys, time
-from rlx.record import recorder
+from rlx.lineage.record import recorder
 pool = recorder()
 print(pool.submit(os.getpid).result(), flush=True)
 time.sleep(60)
@@ -144,7 +144,7 @@ def test_a_lock_another_writer_changed_is_read_again(tmp_path):
 KILLED_IN_DVC = """
 import sys
 from dvc.cli import main
-from rlx.record import fault_point_inside_dvc_writes
+from rlx.lineage.record import fault_point_inside_dvc_writes
 fault_point_inside_dvc_writes("inputs.dvc_write")
 main(["repro", "--quiet"])
 """
@@ -153,7 +153,7 @@ main(["repro", "--quiet"])
 def test_dvc_lock_info_left_empty_by_a_kill_is_repaired(tmp_path, caplog):
     """DVC rewrites .dvc/tmp/rwlock in place at every stage it runs: killed in between (the fault point
     inside its write), it leaves the file empty and every DVC command after it fails, until rlx repairs it."""
-    from rlx.record import repair_rwlock
+    from rlx.lineage.record import repair_rwlock
 
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, env=child_env(), check=True)
     (tmp_path / "dvc.yaml").write_text("stages:\n  a:\n    cmd: echo a > out.txt\n    outs: [out.txt]\n")

@@ -1,5 +1,5 @@
 """Killed anywhere, `rlx fit` resumes to the very weights of an uninterrupted run, and a damaged
-artifact found on resume is redone: real processes, SIGKILL at named fault points (rlx.faults).
+artifact found on resume is redone: real processes, SIGKILL at named fault points (rlx.store.faults).
 
 Process starts dominate the cost (imports, DeepSpeed, DVC), so each case is a chain: the run is
 killed at one point, rerun with the next point set (so the rerun resumes, then is killed again),
@@ -23,11 +23,11 @@ import pytest
 
 from conftest import child_env, dvc_status, make_project
 from rlx.errors import UserError
-from rlx.faults import POINTS
-from rlx.layout import ITERATION, RunLayout
-from rlx.record import edit_params
-from rlx.tracking import read_tracker
-from rlx.worklock import hold_work_dir
+from rlx.lineage.record import edit_params
+from rlx.run.tracking import read_tracker
+from rlx.run.worklock import hold_work_dir
+from rlx.store.faults import POINTS
+from rlx.store.layout import ITERATION, RunLayout
 
 pytestmark = pytest.mark.slow
 
@@ -208,7 +208,7 @@ def test_a_dvc_lock_cut_short_is_restored_from_the_last_step(partway, reference,
 
 HOLDER = """
 import sys, time
-from rlx.worklock import hold_work_dir
+from rlx.run.worklock import hold_work_dir
 with hold_work_dir(sys.argv[1]):
     print("held", flush=True)
     time.sleep(600)

@@ -11,10 +11,10 @@ import re
 import pytest
 
 from rlx.config import RolloutConfig, SampleParams
-from rlx.data import prompt_ids
 from rlx.engines import load_policy
-from rlx.rollout import TransformersSampler
-from rlx.rollout.lmdeploy_backend import generation_options, to_generation
+from rlx.samplers import TransformersSampler
+from rlx.samplers.lmdeploy_backend import generation_options, to_generation
+from rlx.tasks.data import prompt_ids
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def small(untrained_model):
 
 
 def lmdeploy_sampler(folder, tokenizer, **fields):
-    from rlx.rollout.lmdeploy_backend import LMDeploySampler
+    from rlx.samplers.lmdeploy_backend import LMDeploySampler
 
     return LMDeploySampler(folder, tokenizer, RolloutConfig(backend="lmdeploy", **fields))
 
@@ -117,7 +117,7 @@ def rule(previous: int, bias: int, stops: set[int], max_tokens: int) -> list[int
 def test_lmdeploy_sampler_sends_token_ids_and_gets_ids_logprobs_and_finish(stand_in, small):
     """Token ids go in through ``preprocess(input_ids=...)``; the pieces ``generate`` yields add up
     to the response with its stop token, one log-prob per token, and why it ended."""
-    from rlx.rollout.transformers_backend import stop_ids
+    from rlx.samplers.transformers_backend import stop_ids
 
     folder, tokenizer = small
     sampler = lmdeploy_sampler(folder, tokenizer, dtype="bfloat16", rollout_max_batch_size=7)
@@ -143,7 +143,7 @@ def test_lmdeploy_weight_update_follows_lmdeploy_protocol(stand_in, small, monke
     update, wake the KV cache; the new weights are the ones sampled from afterwards."""
     import torch
 
-    from rlx.rollout import lmdeploy_backend
+    from rlx.samplers import lmdeploy_backend
 
     folder, tokenizer = small
     monkeypatch.setattr(lmdeploy_backend, "BUCKET_BYTES", 16, raising=False)
@@ -188,7 +188,7 @@ def test_lmdeploy_without_a_gpu_is_one_clear_line(stand_in, small, monkeypatch):
 )
 def test_lmdeploy_settings_it_cannot_run_are_refused(stand_in, fields, message):
     from rlx.errors import UserError
-    from rlx.rollout.lmdeploy_backend import engine_config
+    from rlx.samplers.lmdeploy_backend import engine_config
 
     with pytest.raises(UserError, match="^" + re.escape(message)):
         engine_config(RolloutConfig(backend="lmdeploy", **fields))

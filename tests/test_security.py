@@ -88,7 +88,7 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
 @pytest.fixture(scope="module")
 def finished(untrained_model, tmp_path_factory):
     """A short `rlx fit` (two steps, W&B offline) run with a W&B API key in its environment."""
-    from rlx.fit import fit
+    from rlx.run.fit import fit
 
     project = make_project(tmp_path_factory.mktemp("secure"), untrained_model)
     with pytest.MonkeyPatch.context() as env:
@@ -149,7 +149,7 @@ class Payload:
 
 def test_optimizer_state_loads_weights_only_and_refuses_a_tampered_file(finished, monkeypatch, tmp_path):
     from rlx.config import load
-    from rlx.trainer import PolicyTrainer
+    from rlx.training.trainer import PolicyTrainer
 
     config = load(finished / "params.yaml")
     step = finished / "runs" / "demo" / "step-2"

@@ -16,9 +16,9 @@ import pytest
 
 from conftest import child_env, dvc_status, make_project
 from rlx.cli import main
-from rlx.layout import RunLayout
-from rlx.record import edit_params
-from rlx.tracking import read_tracker
+from rlx.lineage.record import edit_params
+from rlx.run.tracking import read_tracker
+from rlx.store.layout import RunLayout
 
 pytestmark = pytest.mark.slow
 
@@ -248,7 +248,7 @@ def test_dvc_repro_of_a_run_with_an_edited_configuration_is_refused_and_changes_
 REPOSITORY_HOLDER = """
 import sys, time
 from pathlib import Path
-from rlx.worklock import hold_repository
+from rlx.run.worklock import hold_repository
 with hold_repository(Path(sys.argv[1])):
     print("held", flush=True)
     time.sleep(600)

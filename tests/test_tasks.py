@@ -6,9 +6,9 @@ import datasets
 import pytest
 
 from conftest import DATA
-from rlx.data import DataError, load_rows
 from rlx.judgers import get as get_judger
 from rlx.tasks import arith, gsm8k
+from rlx.tasks.data import DataError, load_rows
 
 
 def test_splits_never_share_a_question(demo_data):

@@ -10,10 +10,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import PARAMS, demo_config
 from rlx.cli import main
-from rlx.data import load_rows, prompt_ids
-from rlx.targets import json_mark
+from rlx.store.targets import json_mark
 from rlx.tasks.arith import write_dataset
-from rlx.tiny_model import build, greedy_accuracy
+from rlx.tasks.data import load_rows, prompt_ids
+from rlx.tasks.tiny_model import build, greedy_accuracy
 
 pytestmark = pytest.mark.slow
 

@@ -9,14 +9,14 @@ def train(params="params.yaml", overrides=(), work_dir=None):
     """Run (or resume) the run of ``params`` as `rlx fit PARAMS -S ...` does, in this process, and return
     its :class:`rlx.explore.Run`. As with `-S`, the overrides (and ``work_dir``) are written into the
     params file, so DVC records what ran; paths in it are relative to its folder."""
-    from rlx.record import make_room_for_the_recorder
+    from rlx.lineage.record import make_room_for_the_recorder
 
     make_room_for_the_recorder()
     from rich.console import Console
 
     from rlx.config import load
     from rlx.explore import Run
-    from rlx.fit import fit
+    from rlx.run.fit import fit
 
     params = Path(params).resolve()
     overrides = [*overrides, *([f"work_dir={work_dir}"] if work_dir is not None else [])]

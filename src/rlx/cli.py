@@ -90,7 +90,7 @@ def config_schema(
 ) -> None:
     """Write the JSON schema of params.yaml (every field, type, default and description)."""
     from rlx.config import json_schema
-    from rlx.targets import guard, json_mark
+    from rlx.store.targets import guard, json_mark
 
     command = "rlx config schema"
     if output is not None:
@@ -99,7 +99,7 @@ def config_schema(
     if output is None:
         sys.stdout.write(text)
     else:
-        from rlx.artifacts import write_text
+        from rlx.store.artifacts import write_text
 
         write_text(text, output)
         err_console.print(f"schema written to {output}")
@@ -108,7 +108,7 @@ def config_schema(
 @app.command("init-data")
 def init_data(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
     """Generate the synthetic arithmetic task (train and held-out parquet files)."""
-    from rlx.targets import guard
+    from rlx.store.targets import guard
     from rlx.tasks.arith import write_dataset
 
     task = load_config(params, overrides).synthetic_task
@@ -120,8 +120,8 @@ def init_data(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt =
 @app.command("init-model")
 def init_model(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
     """Build the tiny Qwen3 base model: local tokenizer, random init, short supervised warm start."""
-    from rlx.targets import guard
-    from rlx.tiny_model import build
+    from rlx.store.targets import guard
+    from rlx.tasks.tiny_model import build
 
     config = load_config(params, overrides)
     inputs = [config.synthetic_task.output_dir]
@@ -136,7 +136,7 @@ def init_model(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt 
 @app.command("sync-deps")
 def sync_deps(params: ParamsArg = Path("params.yaml"), overrides: OverridesOpt = None) -> None:
     """Write dvc.yaml's code and dataset deps from the import graph and params.yaml (rlx fit does it first)."""
-    from rlx.dvcdeps import sync
+    from rlx.lineage.dvcdeps import sync
 
     changed = sync(params.parent / "dvc.yaml", load_config(params, overrides))
     console.print(f"{params.parent / 'dvc.yaml'}: {'deps rewritten' if changed else 'up to date'}")
@@ -151,12 +151,12 @@ def stage(
     """Run one pipeline stage for the step in params.yaml's `run.step` (`run.checkpoint` for the
     checkpoint stage): what dvc.yaml calls. It takes the same locks and makes the same checks as
     `rlx fit`, and a run's first stage records the run's configuration, which its later stages must keep."""
-    from rlx.dvcdeps import undeclared_datasets
     from rlx.engines import Engines
-    from rlx.layout import STAGES
-    from rlx.preflight import entered, record_configuration
+    from rlx.lineage.dvcdeps import undeclared_datasets
+    from rlx.run.preflight import entered, record_configuration
     from rlx.stages import run_stage
     from rlx.stages.train import replay
+    from rlx.store.layout import STAGES
 
     if name not in STAGES:
         raise UserError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
@@ -177,10 +177,10 @@ def fit(params: ParamsArg = Path("params.yaml"), presets: PresetsOpt = None, ove
 
     Presets and -S overrides are written into params.yaml first (as `dvc exp run -S` does), so DVC
     records the configuration that ran."""
-    from rlx.record import make_room_for_the_recorder
+    from rlx.lineage.record import make_room_for_the_recorder
 
-    make_room_for_the_recorder()  # before rlx.fit imports torch
-    from rlx.fit import fit as run_fit
+    make_room_for_the_recorder()  # before rlx.run.fit imports torch
+    from rlx.run.fit import fit as run_fit
 
     run_fit(params, all_overrides(presets, overrides), console=console)
 
@@ -193,7 +193,7 @@ def convert(
     split: Annotated[str, typer.Option(help="Recorded in extra_info.split.")] = "test",
 ) -> None:
     """Convert a public set (GSM8K, MATH-500) into rlx prompt rows with the field's prompt template."""
-    from rlx.targets import guard
+    from rlx.store.targets import guard
     from rlx.tasks import gsm8k, math500
 
     converters = {"gsm8k": gsm8k.convert, "math500": math500.convert}
@@ -212,7 +212,7 @@ def materialize(
     """Write any step's policy as a HF folder: loaded from its checkpoint, or re-created by replaying
     the recorded updates after the newest checkpoint before it (each replayed step's fingerprint checked)."""
     from rlx.explore import Run
-    from rlx.targets import guard
+    from rlx.store.targets import guard
 
     if out is not None:
         guard(out, "--out", "rlx materialize", folder=True, inputs=[run])
@@ -238,12 +238,12 @@ def evaluate(
     """Evaluate any HF model folder, or any step of a run, outside a run: accuracy, pass@k, maj@k per set."""
     from rich.table import Table
 
-    from rlx.artifacts import write_rows
     from rlx.config import load
     from rlx.engines import Engines
     from rlx.explore import Run
     from rlx.stages.evaluate import SAMPLE_SCHEMA, evaluate_policy
-    from rlx.targets import guard
+    from rlx.store.artifacts import write_rows
+    from rlx.store.targets import guard
 
     if output is not None:
         guard(output, "--output", "rlx eval", folder=False, inputs=[model_dir, *data])

@@ -20,16 +20,18 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rlx import faults, lora, seeds
-from rlx.artifacts import read_json
+from rlx import seeds
 from rlx.config import RLTrainerConfig
-from rlx.data import PromptPool, prompt_ids, run_length
 from rlx.errors import UserError, first_line
-from rlx.fingerprint import fingerprint, first_difference, parameter_names
-from rlx.integrity import first_changed, folder_records
-from rlx.layout import RunLayout
-from rlx.rollout import Sampler, TransformersSampler
-from rlx.trainer import DEEPSPEED_TAG, PolicyTrainer, TrainerSnapshot
+from rlx.lineage.fingerprint import fingerprint, first_difference, parameter_names
+from rlx.samplers import Sampler, TransformersSampler
+from rlx.store import faults
+from rlx.store.artifacts import read_json
+from rlx.store.integrity import first_changed, folder_records
+from rlx.store.layout import RunLayout
+from rlx.tasks.data import PromptPool, prompt_ids, run_length
+from rlx.training import lora
+from rlx.training.trainer import DEEPSPEED_TAG, PolicyTrainer, TrainerSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +214,7 @@ class Engines:
         config = self.config.rollout_config
         if config.backend == "transformers":
             return TransformersSampler(load_policy(folder, config.dtype), self.tokenizer, config)
-        from rlx.rollout.lmdeploy_backend import LMDeploySampler
+        from rlx.samplers.lmdeploy_backend import LMDeploySampler
 
         return LMDeploySampler(folder, self.tokenizer, config)
 
@@ -294,9 +296,9 @@ class Engines:
     def write_policy(self, step: int, folder: Path, mark: dict | None = None) -> Path:
         """Step ``step``'s policy as a HF folder (written whole, under a temporary name first); a LoRA
         policy merged into a full model, which ``from_pretrained`` loads without peft. With ``mark``, the
-        folder keeps it in ``.rlx.json`` (rlx.targets), with each file's size and hash."""
-        from rlx.artifacts import atomic_dir, write_text
-        from rlx.targets import FOLDER_MARK, folder_mark
+        folder keeps it in ``.rlx.json`` (rlx.store.targets), with each file's size and hash."""
+        from rlx.store.artifacts import atomic_dir, write_text
+        from rlx.store.targets import FOLDER_MARK, folder_mark
 
         policy = self.policy(step)
         with atomic_dir(folder) as tmp:

@@ -22,12 +22,12 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from rlx.artifacts import read_json
 from rlx.errors import UserError, first_line
-from rlx.integrity import file_hash, first_changed
 from rlx.judgers.rows import VERDICT
-from rlx.layout import RunLayout
-from rlx.targets import FOLDER_MARK
+from rlx.store.artifacts import read_json
+from rlx.store.integrity import file_hash, first_changed
+from rlx.store.layout import RunLayout
+from rlx.store.targets import FOLDER_MARK
 
 log = logging.getLogger(__name__)
 MATERIALIZE = "rlx materialize"
@@ -114,8 +114,8 @@ class Run:
         while its files are what was written for the step's recorded fingerprint)."""
         from rlx.config import load
         from rlx.engines import Engines
-        from rlx.lora import is_adapter
         from rlx.stages.train import replay
+        from rlx.training.lora import is_adapter
 
         paths = self.layout.step(step)
         if not paths.weights_fingerprint.is_file():

@@ -133,7 +133,7 @@ def run_workload(kind: str, scratch: Path, /, **arguments) -> dict:
 def demo_prompts(tiny_model, tokenizer, count: int) -> tuple[list[list[int]], list[str]]:
     """The first ``count`` demo training prompts, each repeated ``prompt_repeat_k`` times as a rollout
     repeats them, with their gold answers."""
-    from rlx.data import load_rows, prompt_ids
+    from rlx.tasks.data import load_rows, prompt_ids
 
     cfg, _ = tiny_model
     k = FLOW.prompt_repeat_k

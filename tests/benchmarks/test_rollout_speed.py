@@ -12,8 +12,8 @@ from harness import alternate, demo_prompts, demo_tokenizer, record
 from conftest import PARAMS
 from rlx.config import load
 from rlx.engines import load_policy
-from rlx.rollout import TransformersSampler
-from rlx.rollout.transformers_backend import generation_kwargs, stop_ids
+from rlx.samplers import TransformersSampler
+from rlx.samplers.transformers_backend import generation_kwargs, stop_ids
 
 DEMO = load(PARAMS)
 ROUNDS = 5

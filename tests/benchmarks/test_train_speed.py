@@ -18,9 +18,9 @@ from conftest import PARAMS
 from rlx.config import load
 from rlx.engines import load_policy
 from rlx.judgers import get
-from rlx.rollout import TransformersSampler
-from rlx.rollout.transformers_backend import stop_ids
-from rlx.trainer import PolicyTrainer
+from rlx.samplers import TransformersSampler
+from rlx.samplers.transformers_backend import stop_ids
+from rlx.training.trainer import PolicyTrainer
 
 DEMO = load(PARAMS)
 ROUNDS = 5

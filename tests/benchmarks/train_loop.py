@@ -13,8 +13,8 @@ import torch
 from rlx.algo import advantages as adv
 from rlx.algo.losses import aggregate, policy_loss
 from rlx.config import RLTrainerConfig
-from rlx.microbatch import Micro, micro_loss, prepare_micro_batches
-from rlx.trainer import token_logprobs
+from rlx.training.microbatch import Micro, micro_loss, prepare_micro_batches
+from rlx.training.trainer import token_logprobs
 
 
 def rollout_rows(prompts: list[list[int]], responses: list[list[int]], stop_ids: set[int]) -> list[dict]:

@@ -61,13 +61,13 @@ class StepWatcher(threading.Thread):
 
 def fit_run(project: str, overrides: list[str], work_dir: str) -> dict:
     """`rlx fit` on a project with ``overrides``; each step's metrics, end time and memory."""
-    from rlx.record import make_room_for_the_recorder
+    from rlx.lineage.record import make_room_for_the_recorder
 
     make_room_for_the_recorder()  # before torch loads, as the `rlx fit` command does
     import torch
     from rich.console import Console
 
-    from rlx.fit import fit
+    from rlx.run.fit import fit
 
     watcher = StepWatcher(Path(project) / work_dir)
     watcher.start()
@@ -94,7 +94,7 @@ def trl_run(model_dir: str, train_file: str, out_dir: str, steps: int, settings:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlx.data import load_rows
+    from rlx.tasks.data import load_rows
 
     torch.manual_seed(settings["seed"])
     rows = load_rows(Path(train_file))
@@ -172,8 +172,8 @@ def train_memory(params: str, overrides: list[str], model_dir: str, train_file: 
     from transformers import AutoTokenizer
 
     from rlx.config import load
-    from rlx.data import load_rows, prompt_ids
-    from rlx.trainer import PolicyTrainer
+    from rlx.tasks.data import load_rows, prompt_ids
+    from rlx.training.trainer import PolicyTrainer
 
     config = load(Path(params), overrides)
     flow, worker = config.dataflow_config, config.train_worker_cfg
@@ -197,7 +197,7 @@ def random_model(tokenizer_dir: str, out_dir: str, hidden: int, layers: int) -> 
     from transformers import AutoTokenizer
 
     from rlx.config import TinyModelConfig
-    from rlx.tiny_model import create_model, save
+    from rlx.tasks.tiny_model import create_model, save
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     shape = {"hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers}
@@ -222,13 +222,13 @@ def materialize(project: str, work_dir: str, step: int, out: str) -> dict:
 
 
 def scoring(whole: bool, vocab: int, prompt_len: int, response_len: int, rows: int) -> dict:
-    """One forward and backward of the policy-gradient log-probs (``rlx.trainer.token_logprobs``) on a
+    """One forward and backward of the policy-gradient log-probs (``rlx.training.trainer.token_logprobs``) on a
     random Qwen3 with a real vocabulary: scoring only the response positions, or (``whole``) every
     position, as before ``logits_to_keep``. Returns the seconds and the peak RSS rise it took."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from rlx import trainer as rlx_trainer
+    from rlx.training import trainer as rlx_trainer
 
     torch.manual_seed(0)
     shape = {"hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 2}

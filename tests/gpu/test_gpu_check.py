@@ -5,7 +5,7 @@ Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, vocabulary 15
 embeddings) with random weights in bf16, and the demo's tokenizer. The report, printed and written
 to ``$RLX_GPU_REPORT`` (default ``gpu_check.json`` in pytest's temp folder), has three parts:
 
-- ``host_copy``: GB/s of a checkpoint's host copy (``rlx.safe_checkpoint.to_host``, page-locked) against a
+- ``host_copy``: GB/s of a checkpoint's host copy (``rlx.training.safe_checkpoint.to_host``, page-locked) against a
   plain ``.cpu()``, 4 GiB of bf16, and again once the first copy is freed (torch keeps its page-locked blocks);
 - ``rollout``: tokens/s of LMDeploy's PyTorch engine and of the transformers backend on the same 512
   prompts x 256 new tokens (every response runs to 256);
@@ -35,11 +35,11 @@ from conftest import make_project
 from rlx import config
 from rlx.algo.correction import mismatch_metrics
 from rlx.config import RolloutConfig, SampleParams
-from rlx.data import prompt_ids
 from rlx.engines import load_policy
-from rlx.layout import RunLayout
-from rlx.rollout import TransformersSampler
-from rlx.trainer import TokenBatch, token_logprobs
+from rlx.samplers import TransformersSampler
+from rlx.store.layout import RunLayout
+from rlx.tasks.data import prompt_ids
+from rlx.training.trainer import TokenBatch, token_logprobs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -82,7 +82,7 @@ def qwen_shaped(untrained_model, tmp_path_factory):
 
 
 def lmdeploy_sampler(folder, tokenizer):
-    from rlx.rollout.lmdeploy_backend import LMDeploySampler
+    from rlx.samplers.lmdeploy_backend import LMDeploySampler
 
     if "sampler" not in ENGINE:
         config = RolloutConfig(backend="lmdeploy", gpu_memory_utilization=0.4, context_length=1024)
@@ -114,7 +114,7 @@ def questions(tokenizer, count: int) -> list[list[int]]:
 
 
 def test_host_copies_are_page_locked_exact_and_faster():
-    from rlx.safe_checkpoint import copies_done, to_host
+    from rlx.training.safe_checkpoint import copies_done, to_host
 
     source = torch.empty(2**31, dtype=torch.bfloat16, device="cuda").normal_()  # 4 GiB
 
@@ -200,12 +200,12 @@ def test_weight_sync_after_one_bf16_update(qwen_shaped):
 
 def test_a_lora_policy_syncs_as_merged_weights(qwen_shaped):
     """A LoRA policy (peft, rank 16 on every linear layer) after one bf16 update of its adapter reaches
-    the running engine as merged weights (``rlx.lora.full_weights``); LMDeploy's log-probs then agree
+    the running engine as merged weights (``rlx.training.lora.full_weights``); LMDeploy's log-probs then agree
     with the adapted model's, as after a full-weight sync."""
     from peft import get_peft_model
 
     from rlx.config import LoraConfig
-    from rlx.lora import full_weights, peft_config
+    from rlx.training.lora import full_weights, peft_config
 
     cfg, _, tokenizer = qwen_shaped
     try:
@@ -254,7 +254,7 @@ STEP_KEYS = ("time/", "perf/", "mismatch/", "train/trainable_params", "train/opt
 
 def fit_on_gpu(tmp_path, qwen_shaped, overrides: list[str]) -> dict:
     """`rlx fit` of the demo project with the Qwen2.5-0.5B-shaped model: each step's times and sizes."""
-    from rlx.fit import fit
+    from rlx.run.fit import fit
 
     close_engine()
     cfg, metrics, _ = qwen_shaped

@@ -3,7 +3,7 @@
 (what ``dvc.yaml`` calls) and for `rlx fit` alike.
 
 A stage is complete when its metrics file exists and its outputs are exactly what it wrote: before
-the metrics it records each output file's size and hash in ``<stage>_outputs.json`` (rlx.integrity),
+the metrics it records each output file's size and hash in ``<stage>_outputs.json`` (rlx.store.integrity),
 and a file found truncated, corrupted or missing on resume makes the stage run again.
 """
 
@@ -18,12 +18,13 @@ from types import ModuleType
 
 import torch
 
-from rlx import faults, seeds
-from rlx.artifacts import read_json, write_json
+from rlx import seeds
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError, first_line
-from rlx.integrity import first_changed, folder_records
-from rlx.layout import STAGES
+from rlx.store import faults
+from rlx.store.artifacts import read_json, write_json
+from rlx.store.integrity import first_changed, folder_records
+from rlx.store.layout import STAGES
 
 log = logging.getLogger(__name__)
 

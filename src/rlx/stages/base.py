@@ -8,11 +8,11 @@ replay, is the checkpoint stage's.
 
 from __future__ import annotations
 
-from rlx.artifacts import write_json
 from rlx.config import RLTrainerConfig
 from rlx.engines import load_policy
-from rlx.fingerprint import fingerprint
+from rlx.lineage.fingerprint import fingerprint
 from rlx.stages import evaluate
+from rlx.store.artifacts import write_json
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:

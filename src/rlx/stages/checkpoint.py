@@ -12,7 +12,7 @@ stage in a background thread, which writes the copy while the next steps run. Ou
 folder) and ``trainer_state/`` (DeepSpeed), each written whole under a temporary name, so a kill
 mid-write leaves the previous checkpoint as it was. Then, still in the background, every file's size
 and hash go to ``checkpoint_outputs.json``: DVC records that list, not the folders, whose gigabytes it
-would hash with md5 at a tenth of the speed (rlx.integrity). The metrics file, written last, marks it done.
+would hash with md5 at a tenth of the speed (rlx.store.integrity). The metrics file, written last, marks it done.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rlx.artifacts import DiskFullError, atomic_dir, write_json
 from rlx.config import RLTrainerConfig
 from rlx.engines import load_policy
+from rlx.store.artifacts import DiskFullError, atomic_dir, write_json
 
 draws_random_numbers = False  # safe in a background thread: nothing here reseeds the run's RNGs
 checked_when_loaded = True  # a resume checks the sizes only; Engines.load_checkpoint checks the hashes as it reads
@@ -80,8 +80,8 @@ def disk_full_reported(step: int, layout) -> Iterator[None]:
 
 def release_freed_memory() -> None:
     """Give back to the system what the writers freed: serializing a policy and its optimizer state
-    allocates a copy of them in pieces that glibc keeps after they are freed (measured at 200 M
-    parameters: RSS 0.8 GB higher after the first checkpoint, for the rest of the run)."""
+    allocates a copy of them in pieces that glibc keeps after they are freed, so the process would
+    stay larger by about the model's size for the rest of the run (README: Performance)."""
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform == "linux" else None  # glibc's
     if trim:
         trim(0)

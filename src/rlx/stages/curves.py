@@ -6,8 +6,8 @@ import csv
 import io
 from collections.abc import Callable, Iterable
 
-from rlx.artifacts import read_json, write_text
-from rlx.layout import RunLayout
+from rlx.store.artifacts import read_json, write_text
+from rlx.store.layout import RunLayout
 
 
 def write_curve(

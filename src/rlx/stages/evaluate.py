@@ -15,13 +15,13 @@ from collections import Counter
 
 import pyarrow as pa
 
-from rlx.artifacts import write_rows
 from rlx.config import JudgerItemConfig, RLTrainerConfig
-from rlx.data import load_rows, prompt_ids
 from rlx.judgers import Panel
 from rlx.judgers.rows import judge_rows
-from rlx.rollout import Sampler
+from rlx.samplers import Sampler
 from rlx.stages.curves import write_curve
+from rlx.store.artifacts import write_rows
+from rlx.tasks.data import load_rows, prompt_ids
 
 SAMPLE_SCHEMA = pa.schema(
     [

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import shutil
 
-from rlx.artifacts import write_json
 from rlx.config import RLTrainerConfig
-from rlx.integrity import file_hash
+from rlx.store.artifacts import write_json
+from rlx.store.integrity import file_hash
 
 
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from rlx.artifacts import read_rows, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
 from rlx.judgers.rows import VERDICT, judge_rollouts
+from rlx.store.artifacts import read_rows, write_rows
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:

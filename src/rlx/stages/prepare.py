@@ -12,9 +12,9 @@ from __future__ import annotations
 import random
 
 from rlx import seeds
-from rlx.artifacts import write_json, write_rows
 from rlx.config import RLTrainerConfig
-from rlx.data import PromptPool
+from rlx.store.artifacts import write_json, write_rows
+from rlx.tasks.data import PromptPool
 
 
 def step_groups(pool: PromptPool, config: RLTrainerConfig, step: int) -> tuple[int, list[dict]]:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 
 from rlx import seeds
-from rlx.artifacts import read_rows, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
 from rlx.judgers.rows import VERDICT, judge_rollouts
+from rlx.store.artifacts import read_rows, write_rows
 
 
 def sampling_seed(config: RLTrainerConfig, step: int) -> int:

@@ -21,15 +21,18 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from rlx import distributed, faults, launcher
 from rlx.algo import advantages as adv
 from rlx.algo.correction import importance_weights, mismatch_metrics
 from rlx.algo.kl import adaptive_kl_coef
-from rlx.artifacts import read_json, read_rows, write_json, write_rows
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
-from rlx.fingerprint import first_difference, parameter_names
-from rlx.microbatch import (
+from rlx.lineage.fingerprint import first_difference, parameter_names
+from rlx.stages.checkpoint import save_trainer
+from rlx.stages.curves import write_curve
+from rlx.store import faults
+from rlx.store.artifacts import read_json, read_rows, write_json, write_rows
+from rlx.training import distributed, launcher
+from rlx.training.microbatch import (
     Micro,
     all_ranks,
     kl_in_reward,
@@ -38,9 +41,7 @@ from rlx.microbatch import (
     response_mask,
     reuses_old_logprobs,
 )
-from rlx.stages.checkpoint import save_trainer
-from rlx.stages.curves import write_curve
-from rlx.trainer import nonfinite_parameter
+from rlx.training.trainer import nonfinite_parameter
 
 log = logging.getLogger(__name__)
 

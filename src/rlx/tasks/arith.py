@@ -16,10 +16,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlx.artifacts import atomic_dir, write_rows, write_text
 from rlx.config import SyntheticTaskConfig
 from rlx.errors import UserError
-from rlx.targets import FOLDER_MARK, folder_mark
+from rlx.store.artifacts import atomic_dir, write_rows, write_text
+from rlx.store.targets import FOLDER_MARK, folder_mark
 from rlx.tasks.rows import INSTRUCTION, make_row
 
 DATA_SOURCE = "rlx/arith"
@@ -135,7 +135,7 @@ def to_row(problem: Problem, split: str, index: int) -> dict:
 
 def write_dataset(cfg: SyntheticTaskConfig) -> dict[str, Path]:
     """Write ``train.parquet`` and ``test.parquet`` in the folder ``cfg.output_dir`` (whole, marked as
-    rlx init-data's: rlx.targets); return their paths."""
+    rlx init-data's: rlx.store.targets); return their paths."""
     splits = generate_splits(cfg)
     with atomic_dir(cfg.output_dir) as folder:
         for split, problems in splits.items():

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rlx.artifacts import write_rows
-from rlx.data import jsonl_records
 from rlx.errors import UserError
+from rlx.store.artifacts import write_rows
+from rlx.tasks.data import jsonl_records
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 

@@ -46,8 +46,8 @@ def host_copy(item, copies: dict):
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """A host copy of ``tensor``. From a GPU it goes to page-locked memory without waiting (``take``
-    waits once for all): a copy into pageable memory is staged through a driver buffer, 1.3-1.5 GB/s
-    on the H200 check (7.9 GB in 5.4-6.3 s), where page-locked memory takes the bus's full speed. torch's
+    waits once for all): a copy into pageable memory is staged through a driver buffer at a fraction
+    of the bus's speed (README: Performance), page-locked memory at its full speed. torch's
     caching host allocator keeps the page-locked blocks when a written snapshot frees them, so the next
     checkpoint of the same tensors reuses them instead of locking memory again."""
     if not tensor.is_cuda:
@@ -91,7 +91,7 @@ class SnapshotCheckpointEngine(TorchCheckpointEngine):
         """Keep a host copy of ``state_dict``; under LoRA of its trainable tensors only: the frozen base is
         ``load_from``'s. DeepSpeed's own ``exclude_frozen_parameters`` would keep a frozen tensor tied under
         a second name (a tied output head: the whole embedding), and without it ZeRO-2 and -3 add every
-        frozen weight as ``frozen_param_fragments`` (0.99 GB of a 1.13 GB checkpoint at 0.5 B on a GPU)."""
+        frozen weight as ``frozen_param_fragments`` (most of a LoRA checkpoint's bytes)."""
         if self.trainable is not None and "module" in state_dict:
             frozen = {"frozen_param_shapes": None, "frozen_param_fragments": None}  # as DeepSpeed's exclusion writes
             state_dict = state_dict | {"module": self.only_trainable(state_dict["module"])} | frozen

@@ -33,13 +33,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlx import dvcdeps, experiment, faults, preflight
-from rlx.artifacts import read_json, write_json, write_text
 from rlx.config import RLTrainerConfig, load
 from rlx.engines import Engines
 from rlx.errors import UserError
-from rlx.layout import ITERATION, RunLayout
-from rlx.record import (
+from rlx.lineage import dvcdeps, experiment
+from rlx.lineage.record import (
     edit_params,
     fault_point_inside_dvc_writes,
     point_at_step,
@@ -47,11 +45,15 @@ from rlx.record import (
     recorder,
     repair_dvc_files,
 )
+from rlx.run import preflight
+from rlx.run.tracking import Tracker
 from rlx.stages import damaged_output, is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
 from rlx.stages.train import clip_cannot_act, replay
-from rlx.tracking import Tracker
-from rlx.trainer import DEEPSPEED_TAG
+from rlx.store import faults
+from rlx.store.artifacts import read_json, write_json, write_text
+from rlx.store.layout import ITERATION, RunLayout
+from rlx.training.trainer import DEEPSPEED_TAG
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +243,7 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
     """Run (or resume) the run described by ``params``; returns each step's metrics.
 
     Paths in params.yaml are relative to its folder (as for `dvc repro`), so the run happens there.
-    Everything is checked before anything is written (rlx.preflight); a run refused while it sets up
+    Everything is checked before anything is written (rlx.run.preflight); a run refused while it sets up
     leaves params.yaml as it was and removes the work_dir it created.
     """
     params = Path(params).resolve()
@@ -257,7 +259,7 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
 
 
 def save_as_experiment(project: Path, work_dir: Path, console: Console) -> None:
-    """The finished run as a DVC experiment named after its folder (rlx.experiment), or why it is not one."""
+    """The finished run as a DVC experiment named after its folder (rlx.lineage.experiment), or why it is not one."""
     name = Path(work_dir).name
     try:
         commit = experiment.save(project, name)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlx.artifacts import write_json
-from rlx.layout import RunLayout
+from rlx.store.artifacts import write_json
+from rlx.store.layout import RunLayout
 
 SUMMARY = "metrics.json"  # in the project's folder; dvc.yaml's top-level `metrics`
 RECORDED = ("params.yaml", "dvc.lock", SUMMARY)  # committed even where git does not track them

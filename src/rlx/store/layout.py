@@ -2,7 +2,7 @@
 
 ```
 <work_dir>/
-  step-0/fingerprint.json         base: the base model's weights fingerprint (rlx.fingerprint)
+  step-0/fingerprint.json         base: the base model's weights fingerprint (rlx.lineage.fingerprint)
   step-0/eval_samples.parquet     the base policy's evaluation (evaluator_config.enable_initial_evaluate)
   step-0/policy/, trainer_state/  checkpoint 0: the base model and an empty optimizer state, the root of replay
   step-N/prompts.parquet          prepare: the step's prompt groups
@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from rlx.errors import UserError
-from rlx.integrity import first_changed
+from rlx.store.integrity import first_changed
 
 REMAKE = (
     "rlx reads a run's files only as it wrote them: restore it, or delete {step} and rerun `rlx fit` to make it again"
@@ -91,7 +91,7 @@ class StepPaths:
 
     def checked(self, path: Path) -> Path:
         """``path``, a file of this step, once it is what its stage recorded writing (size and hash,
-        rlx.integrity): what rlx reads back from a run is what it wrote, or it is refused in one line."""
+        rlx.store.integrity): what rlx reads back from a run is what it wrote, or it is refused in one line."""
         relative = Path(path).relative_to(self.dir).as_posix()
         for stage in STAGES:
             records = read_record(self.outputs(stage)) if self.outputs(stage).is_file() else {}

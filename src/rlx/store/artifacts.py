@@ -18,9 +18,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlx import faults
 from rlx.errors import UserError
-from rlx.targets import parquet_mark
+from rlx.store import faults
+from rlx.store.targets import parquet_mark
 
 
 class DiskFullError(UserError):
@@ -62,7 +62,7 @@ def write_rows(
     rows: list[dict[str, Any]], path: Path, schema: pa.Schema | None = None, made_by: str | None = None
 ) -> Path:
     """Write a list of row dicts as parquet (an empty list needs ``schema``); ``made_by``: the command
-    that wrote it, kept in the footer (rlx.targets). An empty table keeps parquet's own schema only:
+    that wrote it, kept in the footer (rlx.store.targets). An empty table keeps parquet's own schema only:
     Arrow's copy of it was half of such a file (every step that does not evaluate writes one), and there
     are no values whose Arrow types it would restore."""
     path = Path(path)
@@ -107,7 +107,7 @@ def read_json(path: Path) -> Any:
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a temporary folder; on success it takes the place of ``path`` (a folder there is moved aside
     first and removed only once the new one is in place), on failure it is removed. Only for a ``path``
-    rlx writes itself: a path the user named passes rlx.targets.guard first."""
+    rlx writes itself: a path the user named passes rlx.store.targets.guard first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)

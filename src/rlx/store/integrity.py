@@ -1,8 +1,8 @@
 """What a stage wrote, file by file: each file's size and content hash, recorded once and checked later.
 
 The hash is xxHash's XXH3-128: a checksum against accidents (a truncated write, a flipped bit, a file
-swapped by hand), not against an attacker, at about 5 GB/s on one core where sha256 gives 1.3 and
-DVC's md5 0.6 (measured on this project's 2-core CPU machine). That speed is what lets a checkpoint
+swapped by hand), not against an attacker, several times faster than sha256 or DVC's md5 (README:
+Performance). That speed is what lets a checkpoint
 of gigabytes be hashed as it is written and checked whenever it is loaded, and DVC record only the
 small list (``checkpoint_outputs.json``) instead of hashing the folders itself.
 """

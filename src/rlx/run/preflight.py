@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 import yaml
 
-from rlx import worklock
-from rlx.artifacts import remove_temporaries, write_text
 from rlx.config import RLTrainerConfig, RunPointer, to_yaml
-from rlx.data import PromptPool, load_rows
 from rlx.errors import UserError
-from rlx.layout import STAGES, RunLayout
+from rlx.run import worklock
+from rlx.store.artifacts import remove_temporaries, write_text
+from rlx.store.layout import STAGES, RunLayout
+from rlx.tasks.data import PromptPool, load_rows
 
 # Fields a resumed run may change: they decide what is logged or kept, never what a step computes.
 CHANGEABLE_ON_RESUME = {"auto_resume", "wandb", "exp_tracker", "debug_rollout", "checkpoint_maxkeep", "hf_max_keep"}
@@ -57,8 +57,8 @@ def check_setup(config: RLTrainerConfig) -> None:
     """Refuse (or warn about, once) settings this machine or backend cannot act on, before a run starts:
     ``resources.accelerator`` against the devices torch sees, the hostfile's slots against
     ``num_workers``, LMDeploy-only rollout fields under another backend."""
-    from rlx.launcher import hostfile_slots
-    from rlx.rollout import ignored_settings
+    from rlx.samplers import ignored_settings
+    from rlx.training.launcher import hostfile_slots
 
     resources, cuda = config.resources, torch.cuda.is_available()
     if resources.accelerator == "GPU" and not cuda:
@@ -183,7 +183,7 @@ def check_model(config: RLTrainerConfig):
 
     tokenizer = Engines(config).tokenizer  # loading it checks it: folder, chat template, vocabulary
     if config.train_worker_cfg.lora is not None:
-        from rlx.lora import check_model as check_lora
+        from rlx.training.lora import check_model as check_lora
 
         check_lora(config.train_worker_cfg.lora, config.load_from)
     for weights in sorted(Path(config.load_from).glob("*.safetensors")):

@@ -5,8 +5,8 @@ Each parameter's raw bit patterns, read as integers of the element's width and l
 1..1024, each row's sum by its row number). Any change to a single element changes the plain sum,
 since two distinct bit patterns differ by a nonzero integer; swapping elements moves the weighted
 one. It is a checksum against accidents (a non-deterministic kernel, a wrong checkpoint), not a
-cryptographic hash. The reductions run where the weights are (a GPU fingerprints 8 B parameters in
-milliseconds) in float64, exactly: every partial sum is an integer below 2^53, so no rounding and
+cryptographic hash. The reductions run where the weights are (on the GPU, no host copy) in float64,
+exactly: every partial sum is an integer below 2^53, so no rounding and
 no dependence on the order of summation; only the row sums go on in int64 (wrapping).
 """
 

@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlx.config import SampleParams
-from rlx.rollout.types import Generation
+from rlx.samplers.types import Generation
 
 
 def stop_ids(tokenizer: PreTrainedTokenizerBase, params: SampleParams) -> list[int]:

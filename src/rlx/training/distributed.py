@@ -1,4 +1,4 @@
-"""Data-parallel training: how the ranks of a launched stage (:mod:`rlx.launcher`) agree.
+"""Data-parallel training: how the ranks of a launched stage (:mod:`rlx.training.launcher`) agree.
 
 Every rank reads the same judged rollouts and computes the same advantages; the micro-batches of
 each mini-batch are dealt out round-robin (``deal``), DeepSpeed averages the gradients, and rank 0
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rlx.artifacts import atomic_dir
+from rlx.store.artifacts import atomic_dir
 
 RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # set by the launcher
 

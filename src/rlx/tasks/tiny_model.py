@@ -18,12 +18,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from rlx.artifacts import atomic_dir, write_text
 from rlx.config import RLTrainerConfig, SampleParams, TinyModelConfig
-from rlx.data import load_rows, prompt_ids
 from rlx.judgers import get as get_judger
-from rlx.rollout.transformers_backend import generate
-from rlx.targets import FOLDER_MARK, folder_mark, json_mark
+from rlx.samplers.transformers_backend import generate
+from rlx.store.artifacts import atomic_dir, write_text
+from rlx.store.targets import FOLDER_MARK, folder_mark, json_mark
+from rlx.tasks.data import load_rows, prompt_ids
 
 PAD, BOS_TURN, EOS_TURN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (

@@ -29,11 +29,11 @@ from pathlib import Path
 import yaml
 from ruamel.yaml import YAML
 
-from rlx import faults
-from rlx.artifacts import write_bytes, write_text
 from rlx.config import apply_override
 from rlx.errors import UserError
-from rlx.layout import STAGES, RunLayout
+from rlx.store import faults
+from rlx.store.artifacts import write_bytes, write_text
+from rlx.store.layout import STAGES, RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +179,8 @@ def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> 
     Every stage of the iteration depends on ``run.step``, so each step commits them all, except two:
     ``base`` reads no run pointer, and ``checkpoint`` only ``run.checkpoint``. This process commits
     ``base`` once and ``checkpoint`` when its checkpoint moves; nothing else they read changes while the
-    run goes on (a rerun is a new process and commits both again). That spares a sixth of the record's
-    CPU (0.29 s to 0.24 s on the demo, 2 cores)."""
+    run goes on (a rerun is a new process and commits both again), which spares a sixth of the
+    record's CPU."""
     started, used = time.perf_counter(), time.process_time()
     point_at_step(params, step, checkpoint)
     steady = {"base": (), "checkpoint": (checkpoint,)}  # the stages that do not read run.step: what they read
@@ -227,7 +227,7 @@ def repair_rwlock(root: Path) -> None:
 
 
 def fault_point_inside_dvc_writes(name: str) -> None:
-    """A testing aid (rlx.faults): DVC writes its lock info and its YAML files (dvc.lock) in place, the
+    """A testing aid (rlx.store.faults): DVC writes its lock info and its YAML files (dvc.lock) in place, the
     file emptied when it is opened; put the fault point ``name`` between the opening and the writing,
     where a kill leaves the file empty. Does nothing unless ``RLX_FAULT`` names the point."""
     if not faults.armed(name):
@@ -274,9 +274,8 @@ def make_room_for_the_recorder() -> None:
     """Make OpenMP threads that finish a parallel region spin for a short while only (GOMP_SPINCOUNT,
     10x below libgomp's default) before they sleep: the recorder runs at the lowest priority on the
     cores generation and training leave idle, and threads spinning for long leave none. OpenMP reads
-    this once, when torch loads, so `rlx fit` calls it first; a setting of your own wins. Measured on
-    the demo step against TRL (2 cores, tests/benchmarks/test_step_vs_trl.py, 3 alternated pairs):
-    OMP_WAIT_POLICY=PASSIVE 1.57x TRL's step, libgomp's default 1.11x, this 1.00x."""
+    this once, when torch loads, so `rlx fit` calls it first; a setting of your own wins (README:
+    Performance has the step times of the three settings)."""
     os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 

@@ -12,10 +12,10 @@ import os
 import secrets
 from pathlib import Path
 
-from rlx.artifacts import write_text
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
-from rlx.layout import RunLayout
+from rlx.store.artifacts import write_text
+from rlx.store.layout import RunLayout
 
 
 def numeric(metrics: dict) -> dict[str, float]:

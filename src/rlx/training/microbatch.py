@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from rlx import distributed
 from rlx.algo import kl as kl_estimators
 from rlx.algo.losses import aggregate, policy_loss
 from rlx.config import LossConfig, RLTrainerConfig
-from rlx.trainer import TokenBatch, token_logprobs
+from rlx.training import distributed
+from rlx.training.trainer import TokenBatch, token_logprobs
 
 
 def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:

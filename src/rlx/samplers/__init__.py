@@ -1,6 +1,6 @@
 """Rollout engines behind one interface. ``transformers`` runs anywhere; ``lmdeploy`` needs the ``gpu`` extra.
 
-A sampler turns prompt token ids into :class:`rlx.rollout.types.Generation` objects (token ids,
+A sampler turns prompt token ids into :class:`rlx.samplers.types.Generation` objects (token ids,
 text, per-token log-probs, finish reason); the rollout and evaluate stages only ever call
 ``sampler.generate``. ``rlx.engines.Engines.sampler(step)`` hands out the one for a step's policy.
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from rlx.config import RolloutConfig, SampleParams
-from rlx.rollout.types import Generation
+from rlx.samplers.types import Generation
 
 LMDEPLOY_ONLY = (
     "lmdeploy_backend",
@@ -47,6 +47,6 @@ class TransformersSampler:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, config.rollout_max_batch_size
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list[Generation]:
-        from rlx.rollout.transformers_backend import generate
+        from rlx.samplers.transformers_backend import generate
 
         return generate(self.model, self.tokenizer, prompt_ids, params, seed=seed, batch_size=self.batch_size)

@@ -1,6 +1,6 @@
-"""One rank of a launched stage: ``python -m rlx.rank STAGE CONFIG STEP RESULT``.
+"""One rank of a launched stage: ``python -m rlx.run.rank STAGE CONFIG STEP RESULT``.
 
-:mod:`rlx.launcher` starts one such process per rank. Each runs the stage's own ``run`` (the one
+:mod:`rlx.training.launcher` starts one such process per rank. Each runs the stage's own ``run`` (the one
 `rlx stage` runs), and rank 0 writes the stage's metrics to ``RESULT`` for the launching process.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlx.artifacts import write_json
 from rlx.config import load
-from rlx.distributed import is_main
 from rlx.engines import Engines
 from rlx.stages import module
 from rlx.stages.train import replay
+from rlx.store.artifacts import write_json
+from rlx.training.distributed import is_main
 
 
 def main(argv: list[str]) -> None:

@@ -19,13 +19,13 @@ from pathlib import Path
 import yaml
 from ruamel.yaml import YAML
 
-from rlx.artifacts import write_text
 from rlx.config import RLTrainerConfig
-from rlx.layout import STAGES
+from rlx.store.artifacts import write_text
+from rlx.store.layout import STAGES
 
-PACKAGE = Path(__file__).resolve().parent  # src/rlx
+PACKAGE = Path(__file__).resolve().parents[1]  # src/rlx
 RUNNER = ("rlx.stages", "rlx.engines")  # what every stage runs in
-EXTRA = {"train": ("rlx.rank",)}  # run in processes the stage launches (by module name, not an import)
+EXTRA = {"train": ("rlx.run.rank",)}  # run in processes the stage launches (by module name, not an import)
 DATASETS = {  # the dataset_cfg lists a stage reads
     "base": ("evaluator_config",),
     "prepare": ("replay_buffer_config",),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-from rlx.layout import STAGES
+from rlx.store.layout import STAGES
 
 POINTS = (
     *(f"{stage}.start" for stage in STAGES),  # before the stage does anything
@@ -24,7 +24,8 @@ POINTS = (
     "artifact.rename",  # any artifact written under its temporary name, not yet renamed into place
     "dvc.commit",  # the stages saved by DVC, dvc.lock not yet written
     # DVC writes its lock info (.dvc/tmp/rwlock) and dvc.lock in place: the file is emptied when opened,
-    # then written. A kill in between leaves it empty (rlx.record.fault_point_inside_dvc_writes puts these there).
+    # then written. A kill in between leaves it empty (put there by
+    # rlx.lineage.record.fault_point_inside_dvc_writes).
     "inputs.dvc_write",  # in `rlx fit`'s `dvc repro` of the run's inputs
     "record.dvc_write",  # in the process recording a step
     "step.commit",  # dvc.lock (and the step's copy) written, done.json not yet

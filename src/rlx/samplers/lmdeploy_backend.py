@@ -33,8 +33,8 @@ import torch
 
 from rlx.config import RolloutConfig, SampleParams
 from rlx.errors import UserError
-from rlx.rollout.transformers_backend import stop_ids
-from rlx.rollout.types import Generation
+from rlx.samplers.transformers_backend import stop_ids
+from rlx.samplers.types import Generation
 
 BUCKET_BYTES = 1 << 30  # weights per update request: bounds the engine's transient copy
 LMDEPLOY_DTYPES = ("auto", "bfloat16", "float16")

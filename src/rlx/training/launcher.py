@@ -1,9 +1,9 @@
 """Launching a stage on ``resources.num_workers`` ranks through DeepSpeed's launcher.
 
 With ``resources.num_workers > 1`` the train stage does not train in the calling process: it writes
-the resolved config to the step's folder and launches ``num_workers`` copies of :mod:`rlx.rank`
+the resolved config to the step's folder and launches ``num_workers`` copies of :mod:`rlx.run.rank`
 through `deepspeed` (one host, or the hosts of ``resources.hostfile``); rank 0 hands its metrics back
-in a file. The ranks agree through :mod:`rlx.distributed`.
+in a file. The ranks agree through :mod:`rlx.training.distributed`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlx.artifacts import read_json
 from rlx.config import to_yaml
-from rlx.distributed import free_port, without_rendezvous
 from rlx.errors import UserError
+from rlx.store.artifacts import read_json
+from rlx.training.distributed import free_port, without_rendezvous
 
-RANK_MODULE = "rlx.rank"  # what each launched process runs
+RANK_MODULE = "rlx.run.rank"  # what each launched process runs
 
 
 def hostfile_slots(path: Path) -> int:
@@ -38,7 +38,7 @@ def hostfile_slots(path: Path) -> int:
 
 
 def launch_command(num_workers: int, hostfile: Path | None, port: int, args: list[str]) -> list[str]:
-    """The `deepspeed` launch of ``python -m rlx.rank ARGS`` on ``num_workers`` processes."""
+    """The `deepspeed` launch of ``python -m rlx.run.rank ARGS`` on ``num_workers`` processes."""
     where = ["--hostfile", str(hostfile)] if hostfile else ["--num_gpus", str(num_workers)]
     deepspeed = Path(sys.executable).with_name("deepspeed")
     return [str(deepspeed), *where, "--master_port", str(port), "--no_local_rank", "--module", RANK_MODULE, *args]
