@@ -101,7 +101,7 @@ def rlx(argv: list[str], project: Path, capsys) -> tuple[int, str, str]:
 
 
 def weights_fingerprint(folder: Path) -> dict:
-    from rlx.engines import load_policy
+    from rlx.training.loading import load_policy
 
     return fingerprint(load_policy(folder))
 

@@ -17,7 +17,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import child_env, dvc_status, make_project
 from rlx import config as rlx_config
 from rlx.cli import main
-from rlx.engines import load_policy
 from rlx.errors import UserError
 from rlx.explore import Run
 from rlx.lineage import fingerprint as fingerprinting
@@ -25,6 +24,7 @@ from rlx.lineage.record import edit_params
 from rlx.run.fit import fit
 from rlx.store.artifacts import read_json
 from rlx.store.layout import RunLayout
+from rlx.training.loading import load_policy
 from rlx.training.lora import check_model, full_weights, linear_modules, merged
 from rlx.training.trainer import PolicyTrainer, TokenBatch, token_logprobs
 

@@ -11,10 +11,10 @@ import re
 import pytest
 
 from rlx.config import RolloutConfig, SampleParams
-from rlx.engines import load_policy
 from rlx.samplers import TransformersSampler
 from rlx.samplers.lmdeploy_backend import generation_options, to_generation
 from rlx.tasks.data import prompt_ids
+from rlx.training.loading import load_policy
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The models and data a step needs, loaded on first use and kept while they stay current.
+"""What stays warm between steps: the policy, its trainer, the rollout engine, the reference model, and
+the tokenizer and prompt pool they read with, each loaded on first use and kept while it stays current.
 
 `rlx stage NAME` makes a fresh ``Engines`` per process, so everything comes from disk (cold).
 `rlx fit` keeps one for the whole run (warm): the policy the train stage leaves in memory at step N
@@ -11,102 +12,26 @@ which the maker passes in (``replay``): engines are below the stages and do not 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
 from rlx import seeds
 from rlx.config import RLTrainerConfig
-from rlx.errors import UserError, first_line
+from rlx.errors import UserError
 from rlx.lineage.fingerprint import fingerprint, first_difference, parameter_names
 from rlx.samplers import Sampler, TransformersSampler
 from rlx.store import faults
 from rlx.store.artifacts import read_json
 from rlx.store.integrity import first_changed, folder_records
 from rlx.store.layout import RunLayout
-from rlx.tasks.data import PromptPool, prompt_ids, run_length
+from rlx.tasks.data import PromptPool
 from rlx.training import lora
-from rlx.training.trainer import DEEPSPEED_TAG, PolicyTrainer, TrainerSnapshot
+from rlx.training.loading import load_policy, load_tokenizer
+from rlx.training.trainer import DEEPSPEED_TAG, PolicyTrainer
 
 log = logging.getLogger(__name__)
-
-
-def load_policy(path, dtype: str = "float32", base: Path | None = None):
-    """A HF model folder for inference (on the GPU when there is one), with a clear error when it is missing or not one.
-    Weights load from safetensors only: a pickled ``*.bin`` checkpoint could run code when read. On a GPU they
-    load in ``dtype`` (``rollout_config.dtype`` for a copy only sampled or scored; 'auto': the checkpoint's own);
-    on CPU always in float32, where half precision is slow and the tests compare exact values. A LoRA
-    adapter's folder loads onto ``base``, the model it was trained on (``load_from``)."""
-    path = Path(path)
-    if lora.is_adapter(path):
-        if base is None:
-            raise UserError(f"{path}: a LoRA adapter, which loads onto its base model (load_from); none given")
-        return lora.with_adapter(load_policy(base, dtype), path).eval()
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path}: not a model folder (no config.json)")
-    if not any(path.glob("*.safetensors")):
-        found = ", ".join(sorted(p.name for p in path.glob("*.bin"))) or "none"
-        raise UserError(
-            f"{path}: no *.safetensors weights (found *.bin: {found}); rlx loads safetensors only: "
-            "save the model with save_pretrained(..., safe_serialization=True)"
-        )
-    try:
-        name = dtype if torch.cuda.is_available() else "float32"
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=name if name == "auto" else getattr(torch, name), use_safetensors=True
-        )
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot load the model ({first_line(exc)})") from None
-    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-
-
-def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
-    """Refuse a tokenizer with ids the model has no embedding for: they would fail deep inside a
-    forward pass (on CPU) or read other memory (on GPU), long after the cause could be named."""
-    if not (Path(model_path) / "config.json").is_file():
-        raise UserError(f"load_from {model_path}: not a model folder (no config.json)")
-    vocab_size = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
-    if len(tokenizer) > vocab_size:
-        raise UserError(
-            f"tokenizer_path {tokenizer_path}: the tokenizer has {len(tokenizer)} tokens but the model in "
-            f"load_from {model_path} embeds only {vocab_size} (vocab_size); use the tokenizer the model was "
-            "trained with"
-        )
-
-
-TEMPLATE_SECONDS = 10  # one prompt renders in milliseconds; a template still looping after this never ends
-
-
-def check_chat_template(tokenizer, tokenizer_path: Path) -> None:
-    """Render one prompt, within a time limit: a template that the Jinja sandbox refuses, that fails,
-    or that loops for ever is named here instead of failing (or hanging) on every prompt of the run."""
-    import signal
-
-    from jinja2 import TemplateError
-
-    def too_slow(*_):
-        raise TimeoutError
-
-    timed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
-    previous = signal.signal(signal.SIGALRM, too_slow) if timed else None
-    try:
-        signal.alarm(TEMPLATE_SECONDS) if timed else None
-        prompt_ids(tokenizer, [{"role": "user", "content": "What is 1 + 1?"}])
-    except TimeoutError:
-        raise UserError(
-            f"tokenizer_path {tokenizer_path}: the chat template did not render one prompt in {TEMPLATE_SECONDS} s"
-        ) from None
-    except (TemplateError, ValueError, TypeError, KeyError, OverflowError) as exc:
-        raise UserError(f"tokenizer_path {tokenizer_path}: the chat template fails ({first_line(exc)})") from None
-    finally:
-        if timed:
-            signal.alarm(0)
-            signal.signal(signal.SIGALRM, previous)
 
 
 def has_optimizer_state(paths) -> bool:
@@ -126,41 +51,14 @@ class Engines:
         self._lmdeploy = None  # the run's LMDeploy engine, once started
         self._lmdeploy_step: int | None = None
         self.replay_seconds = 0.0  # spent re-creating policies from checkpoints (`rlx fit` logs it as time/replay)
-        self.snapshots: dict[int, TrainerSnapshot] = {}  # trainer states copied for the checkpoint stage to write
 
     @cached_property
     def tokenizer(self):
-        path = self.config.tokenizer_path
-        if not (path / "tokenizer_config.json").is_file():
-            raise UserError(f"tokenizer_path {path}: no tokenizer there (build the demo model with `dvc repro`)")
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-        except (OSError, ValueError) as exc:
-            raise UserError(f"tokenizer_path {path}: cannot load the tokenizer ({first_line(exc)})") from None
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        if not tokenizer.chat_template:
-            raise UserError(
-                f"tokenizer_path {path}: the tokenizer has no chat template (rlx renders prompts as chat "
-                "messages; use an instruct model's tokenizer or set tokenizer.chat_template and save it)"
-            )
-        check_vocabulary(tokenizer, path, self.config.load_from)
-        check_chat_template(tokenizer, path)
-        return tokenizer
+        return load_tokenizer(self.config.tokenizer_path, self.config.load_from)
 
     @cached_property
     def prompt_pool(self) -> PromptPool:
         return PromptPool.load(self.config, self.tokenizer)
-
-    @cached_property
-    def total_steps(self) -> int:
-        """The run's length, computed from the config and the prompt pool (for the driver and prepare)."""
-        return run_length(self.config, self.prompt_pool)
-
-    def recorded_length(self, step: int) -> int:
-        """The run's length as step ``step``'s prepare recorded it: what the stages after it read, so that
-        DVC sees it as their input (``step-N/run_length.json``)."""
-        return read_json(self.layout.step(step).run_length)["total_steps"]
 
     @cached_property
     def reference(self):
@@ -227,7 +125,7 @@ class Engines:
         root = self.replay_root(step)
         self.make_room_for_training()
         if self._trainer_step is None or not root <= self._trainer_step < step:
-            self._trainer = self.load_checkpoint(root, self.recorded_length(max(1, step)))
+            self._trainer = self.load_checkpoint(root, self.layout.step(max(1, step)).recorded_length())
             self._trainer_step = root
         if self._trainer_step < step:
             if self.replay is None:

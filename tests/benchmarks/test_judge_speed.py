@@ -12,11 +12,11 @@ from transformers import AutoTokenizer
 
 from conftest import DATA
 from rlx.config import JudgerConfig, SampleParams
-from rlx.engines import load_policy
 from rlx.judgers import Panel
 from rlx.judgers.rows import judge_rows
 from rlx.samplers.transformers_backend import generate
 from rlx.tasks.data import load_rows, prompt_ids
+from rlx.training.loading import load_policy
 
 RESPONSES = 1024
 

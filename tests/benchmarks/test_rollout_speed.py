@@ -11,9 +11,9 @@ from harness import alternate, demo_prompts, demo_tokenizer, record
 
 from conftest import PARAMS
 from rlx.config import load
-from rlx.engines import load_policy
 from rlx.samplers import TransformersSampler
 from rlx.samplers.transformers_backend import generation_kwargs, stop_ids
+from rlx.training.loading import load_policy
 
 DEMO = load(PARAMS)
 ROUNDS = 5

@@ -16,10 +16,10 @@ from transformers import AutoModelForCausalLM
 
 from conftest import PARAMS
 from rlx.config import load
-from rlx.engines import load_policy
 from rlx.judgers import get
 from rlx.samplers import TransformersSampler
 from rlx.samplers.transformers_backend import stop_ids
+from rlx.training.loading import load_policy
 from rlx.training.trainer import PolicyTrainer
 
 DEMO = load(PARAMS)

@@ -35,10 +35,10 @@ from conftest import make_project
 from rlx import config
 from rlx.algo.correction import mismatch_metrics
 from rlx.config import RolloutConfig, SampleParams
-from rlx.engines import load_policy
 from rlx.samplers import TransformersSampler
 from rlx.store.layout import RunLayout
 from rlx.tasks.data import prompt_ids
+from rlx.training.loading import load_policy
 from rlx.training.trainer import TokenBatch, token_logprobs
 
 pytestmark = [

@@ -179,9 +179,9 @@ def check_model(config: RLTrainerConfig):
     middle of step 0) and the tokenizer with its chat template, which it returns."""
     from safetensors import SafetensorError, safe_open
 
-    from rlx.engines import Engines
+    from rlx.training.loading import load_tokenizer
 
-    tokenizer = Engines(config).tokenizer  # loading it checks it: folder, chat template, vocabulary
+    tokenizer = load_tokenizer(config.tokenizer_path, config.load_from)  # checked: chat template, vocabulary
     if config.train_worker_cfg.lora is not None:
         from rlx.training.lora import check_model as check_lora
 

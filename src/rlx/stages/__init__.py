@@ -88,16 +88,16 @@ def reseed(config: RLTrainerConfig, name: str, step: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_stage(name: str, config: RLTrainerConfig, step: int, engines) -> dict:
-    """Run one stage, then record its outputs and write its metrics (its wall time included) as the mark
-    that it finished."""
+def run_stage(name: str, config: RLTrainerConfig, step: int, engines, **given) -> dict:
+    """Run one stage (``given``: what `rlx fit` hands it beyond the files, e.g. a checkpoint's host copy),
+    then record its outputs and write its metrics (its wall time included) as the mark that it finished."""
     stage, step = module(name), step_of(name, step)
     faults.point(f"{name}.start")
     if getattr(stage, "draws_random_numbers", True):  # not from a background thread, whose RNGs are the run's
         reseed(config, name, step)
     started = time.perf_counter()
     try:
-        metrics = stage.run(config, step, engines)
+        metrics = stage.run(config, step, engines, **given)
     except FileNotFoundError as exc:  # e.g. `rlx stage train` before the step's rollouts exist
         raise UserError(
             f"stage {name} of step {step}: an input is missing ({first_line(exc)}); run the stages before it "

@@ -9,10 +9,10 @@ replay, is the checkpoint stage's.
 from __future__ import annotations
 
 from rlx.config import RLTrainerConfig
-from rlx.engines import load_policy
 from rlx.lineage.fingerprint import fingerprint
 from rlx.stages import evaluate
 from rlx.store.artifacts import write_json
+from rlx.training.loading import load_policy
 
 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:

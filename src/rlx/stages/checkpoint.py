@@ -7,7 +7,7 @@ empty optimizer state, the root every replay can start from), every ``checkpoint
 and at the last step. With several workers every step is a checkpoint, written by the training
 ranks themselves: they live for one step only, and the next step's ranks start from the files.
 
-`rlx fit` first copies the trainer's state to host memory (``Engines.snapshots``), then runs this
+`rlx fit` first copies the trainer's state to host memory (``PolicyTrainer.snapshot``), then runs this
 stage in a background thread, which writes the copy while the next steps run. Outputs: ``policy/`` (HF
 folder) and ``trainer_state/`` (DeepSpeed), each written whole under a temporary name, so a kill
 mid-write leaves the previous checkpoint as it was. Then, still in the background, every file's size
@@ -23,28 +23,41 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rlx.config import RLTrainerConfig
-from rlx.engines import load_policy
 from rlx.store.artifacts import DiskFullError, atomic_dir, write_json
+from rlx.training.loading import load_policy
 
 draws_random_numbers = False  # safe in a background thread: nothing here reseeds the run's RNGs
 checked_when_loaded = True  # a resume checks the sizes only; Engines.load_checkpoint checks the hashes as it reads
 
 
+def written_by_ranks(config: RLTrainerConfig) -> bool:
+    """With several workers the training ranks write every step's checkpoint themselves: they live for
+    one step only, and the next step's ranks start from the files."""
+    return config.resources.num_workers > 1
+
+
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
     interval = config.checkpoint_interval
-    every_step = config.resources.num_workers > 1  # the next step's ranks start from the files
-    return step in (0, total_steps) or every_step or (interval > 0 and step % interval == 0)
+    return step in (0, total_steps) or written_by_ranks(config) or (interval > 0 and step % interval == 0)
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    if step and not is_due(config, step, engines.recorded_length(step)):  # step 0 is always due
+def written_in_background(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
+    """Whether `rlx fit` writes step ``step``'s checkpoint from a copy in a background thread: it is due
+    and the trainer is this process's."""
+    return is_due(config, step, total_steps) and not written_by_ranks(config)
+
+
+def run(config: RLTrainerConfig, step: int, engines, snapshot=None) -> dict:
+    """The checkpoint if due: ``snapshot`` (`rlx fit`'s host copy of the trainer's state) or the
+    trainer's state as it is."""
+    if step and not is_due(config, step, engines.layout.step(step).recorded_length()):  # step 0 is always due
         return {"checkpoint/saved": 0}
     paths = engines.layout.step(step)
     if step == 0:
         with disk_full_reported(step, engines.layout):
             save_base(config, paths, engines.tokenizer)
-    elif config.resources.num_workers == 1:
-        save_trainer(step, engines)
+    elif not written_by_ranks(config):
+        save_trainer(step, engines, snapshot)
         release_freed_memory()
     size = sum(f.stat().st_size for out in outputs(paths) for f in out.rglob("*") if f.is_file())
     return {"checkpoint/saved": 1, "checkpoint/bytes": size}
@@ -59,10 +72,10 @@ def save_base(config: RLTrainerConfig, paths, tokenizer) -> None:
         write_json({"global_steps": 0}, tmp / "state.json")
 
 
-def save_trainer(step: int, engines) -> None:
+def save_trainer(step: int, engines, snapshot=None) -> None:
     """The trainer's policy and optimizer state: from the copy `rlx fit` took, or as the trainer holds them."""
     paths = engines.layout.step(step)
-    snapshot = engines.snapshots.pop(step, None) or engines.trainer(step).snapshot(engines.tokenizer)
+    snapshot = snapshot or engines.trainer(step).snapshot(engines.tokenizer)
     with disk_full_reported(step, engines.layout):
         snapshot.write(paths.policy, paths.trainer_state)
 

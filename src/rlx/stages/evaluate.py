@@ -142,7 +142,7 @@ def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: 
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths = engines.layout.step(step)
     samples, metrics = [], {"eval/evaluated": 0}
-    if is_due(config, step, engines.recorded_length(step) if step else 0):  # base: before any prepare
+    if is_due(config, step, engines.layout.step(step).recorded_length() if step else 0):  # base: before any prepare
         samples, metrics = evaluate_policy(config, engines.sampler(step), engines.tokenizer, step)
         metrics["eval/evaluated"] = 1
     write_rows(samples, paths.eval_samples, schema=SAMPLE_SCHEMA)

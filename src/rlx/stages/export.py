@@ -21,7 +21,7 @@ def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
 def run(config: RLTrainerConfig, step: int, engines) -> dict:
     paths, layout = engines.layout.step(step), engines.layout
     record = {"step": step, "exported": False}
-    if is_due(config, step, engines.recorded_length(step)):
+    if is_due(config, step, engines.layout.step(step).recorded_length()):
         target = engines.write_policy(step, layout.hf_export(step))
         files = {
             str(f.relative_to(target)): file_hash(f, "sha256")  # the Hub's content hash; 16 GB at 8 B

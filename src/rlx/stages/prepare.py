@@ -14,7 +14,7 @@ import random
 from rlx import seeds
 from rlx.config import RLTrainerConfig
 from rlx.store.artifacts import write_json, write_rows
-from rlx.tasks.data import PromptPool
+from rlx.tasks.data import PromptPool, run_length
 
 
 def step_groups(pool: PromptPool, config: RLTrainerConfig, step: int) -> tuple[int, list[dict]]:
@@ -44,7 +44,7 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     size = config.dataflow_config.global_batch_size
     rows += reserve_groups(engines.prompt_pool, config, step)
     paths = engines.layout.step(step)
-    write_json({"total_steps": engines.total_steps}, paths.run_length)
+    write_json({"total_steps": run_length(config, engines.prompt_pool)}, paths.run_length)
     write_rows(
         [{"step": step, "group": g, "batch": g // size, "epoch": epoch, **row} for g, row in enumerate(rows)],
         paths.prompts,

@@ -157,7 +157,9 @@ def score_batch(config: RLTrainerConfig, step: int, engines, trainer) -> Scored:
     started = time.perf_counter()
     minis = prepare_micro_batches(config, rollouts, trainer, engines)
     timings = {"time/train/old_logprob": time.perf_counter() - started}
-    rewards, kl, extra = shaped_rewards(config, minis, judged, trainer)
+    kl_coef = trainer.state.get("kl_coef", config.advantage_estimator_config.kl_ctrl.kl_coef)
+    rewards, kl, extra, next_kl_coef = shaped_rewards(config, minis, judged, kl_coef)
+    trainer.state["kl_coef"] = next_kl_coef  # the checkpoint keeps it: an adaptive coefficient goes on from there
     advantages = adv.compute(
         config.advantage_estimator_config.type,
         rewards,
@@ -191,23 +193,20 @@ def report(config: RLTrainerConfig, scored: Scored, metrics: dict) -> tuple[dict
     return metrics, numbers
 
 
-def shaped_rewards(config: RLTrainerConfig, minis, judged: list[dict], trainer):
-    """The rewards the advantages are computed from: the judged ones, less the KL penalty when
-    ``use_kl_in_reward`` (its coefficient adapted and kept in the trainer's state); with the KL and metrics."""
+def shaped_rewards(config: RLTrainerConfig, minis, judged: list[dict], kl_coef: float):
+    """The rewards the advantages are computed from: the judged ones, less ``kl_coef`` x the KL when
+    ``use_kl_in_reward``; with the KL, its metrics and the coefficient for the next step (adapted to
+    the KL seen under an adaptive controller, the same otherwise)."""
     estimator = config.advantage_estimator_config
     rewards = torch.tensor([row["reward"] for row in judged], dtype=torch.float32)
-    kl_coef = trainer.state.get("kl_coef", estimator.kl_ctrl.kl_coef)
-    trainer.state["kl_coef"] = kl_coef
     if not estimator.use_kl_in_reward:
-        return rewards, None, {}
+        return rewards, None, {}, kl_coef
     kl = kl_in_reward(config, minis, len(judged))
     extra = {"train/kl_in_reward": kl.mean().item(), "train/kl_in_reward_coef": kl_coef}
-    if estimator.kl_ctrl.type == "adaptive":
-        ctrl = estimator.kl_ctrl
-        trainer.state["kl_coef"] = adaptive_kl_coef(
-            kl_coef, kl.mean().item(), ctrl.target_kl, ctrl.horizon, len(judged)
-        )
-    return rewards - kl_coef * kl, kl, extra
+    ctrl, next_coef = estimator.kl_ctrl, kl_coef
+    if ctrl.type == "adaptive":
+        next_coef = adaptive_kl_coef(kl_coef, kl.mean().item(), ctrl.target_kl, ctrl.horizon, len(judged))
+    return rewards - kl_coef * kl, kl, extra, next_coef
 
 
 def attach_weights(correction, micros: list[Micro], advantages: torch.Tensor) -> None:

@@ -81,6 +81,11 @@ class StepPaths:
     lock = _file("dvc.lock.gz")
     done = _file("done.json")
 
+    def recorded_length(self) -> int:
+        """The run's length as this step's prepare recorded it: what the stages after it read, so that
+        DVC sees it as their input."""
+        return json.loads(self.run_length.read_text())["total_steps"]
+
     def metrics(self, stage: str) -> Path:
         """``<stage>_metrics.json``: what the stage measured, its own wall time included."""
         return self.dir / f"{stage}_metrics.json"

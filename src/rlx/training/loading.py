@@ -1,0 +1,109 @@
+"""Loading a policy and its tokenizer, checked: a missing folder, pickled weights, a tokenizer with ids
+the model cannot embed or a chat template that fails or loops are refused here, in one line, instead of
+failing deep inside a forward pass or on every prompt of the run."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from rlx.errors import UserError, first_line
+from rlx.tasks.data import prompt_ids
+from rlx.training import lora
+
+
+def load_policy(path, dtype: str = "float32", base: Path | None = None):
+    """A HF model folder for inference (on the GPU when there is one), with a clear error when it is missing or not one.
+    Weights load from safetensors only: a pickled ``*.bin`` checkpoint could run code when read. On a GPU they
+    load in ``dtype`` (``rollout_config.dtype`` for a copy only sampled or scored; 'auto': the checkpoint's own);
+    on CPU always in float32, where half precision is slow and the tests compare exact values. A LoRA
+    adapter's folder loads onto ``base``, the model it was trained on (``load_from``)."""
+    path = Path(path)
+    if lora.is_adapter(path):
+        if base is None:
+            raise UserError(f"{path}: a LoRA adapter, which loads onto its base model (load_from); none given")
+        return lora.with_adapter(load_policy(base, dtype), path).eval()
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path}: not a model folder (no config.json)")
+    if not any(path.glob("*.safetensors")):
+        found = ", ".join(sorted(p.name for p in path.glob("*.bin"))) or "none"
+        raise UserError(
+            f"{path}: no *.safetensors weights (found *.bin: {found}); rlx loads safetensors only: "
+            "save the model with save_pretrained(..., safe_serialization=True)"
+        )
+    try:
+        name = dtype if torch.cuda.is_available() else "float32"
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=name if name == "auto" else getattr(torch, name), use_safetensors=True
+        )
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot load the model ({first_line(exc)})") from None
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+
+
+def check_vocabulary(tokenizer, tokenizer_path: Path, model_path: Path) -> None:
+    """Refuse a tokenizer with ids the model has no embedding for: they would fail deep inside a
+    forward pass (on CPU) or read other memory (on GPU), long after the cause could be named."""
+    if not (Path(model_path) / "config.json").is_file():
+        raise UserError(f"load_from {model_path}: not a model folder (no config.json)")
+    vocab_size = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size
+    if len(tokenizer) > vocab_size:
+        raise UserError(
+            f"tokenizer_path {tokenizer_path}: the tokenizer has {len(tokenizer)} tokens but the model in "
+            f"load_from {model_path} embeds only {vocab_size} (vocab_size); use the tokenizer the model was "
+            "trained with"
+        )
+
+
+TEMPLATE_SECONDS = 10  # one prompt renders in milliseconds; a template still looping after this never ends
+
+
+def check_chat_template(tokenizer, tokenizer_path: Path) -> None:
+    """Render one prompt, within a time limit: a template that the Jinja sandbox refuses, that fails,
+    or that loops for ever is named here instead of failing (or hanging) on every prompt of the run."""
+    import signal
+
+    from jinja2 import TemplateError
+
+    def too_slow(*_):
+        raise TimeoutError
+
+    timed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGALRM, too_slow) if timed else None
+    try:
+        signal.alarm(TEMPLATE_SECONDS) if timed else None
+        prompt_ids(tokenizer, [{"role": "user", "content": "What is 1 + 1?"}])
+    except TimeoutError:
+        raise UserError(
+            f"tokenizer_path {tokenizer_path}: the chat template did not render one prompt in {TEMPLATE_SECONDS} s"
+        ) from None
+    except (TemplateError, ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise UserError(f"tokenizer_path {tokenizer_path}: the chat template fails ({first_line(exc)})") from None
+    finally:
+        if timed:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def load_tokenizer(path: Path, model_path: Path):
+    """The tokenizer in ``path`` (left padding, a pad token), once it has a chat template that renders
+    and ids that the model in ``model_path`` embeds."""
+    if not (path / "tokenizer_config.json").is_file():
+        raise UserError(f"tokenizer_path {path}: no tokenizer there (build the demo model with `dvc repro`)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    except (OSError, ValueError) as exc:
+        raise UserError(f"tokenizer_path {path}: cannot load the tokenizer ({first_line(exc)})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        raise UserError(
+            f"tokenizer_path {path}: the tokenizer has no chat template (rlx renders prompts as chat "
+            "messages; use an instruct model's tokenizer or set tokenizer.chat_template and save it)"
+        )
+    check_vocabulary(tokenizer, path, model_path)
+    check_chat_template(tokenizer, path)
+    return tokenizer
