@@ -11,7 +11,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
@@ -59,7 +59,7 @@ class StepRecords:
     layout: RunLayout
     total: int
     checkpoints: BackgroundCheckpoints
-    dvc: object  # the recorder process's executor
+    dvc: ProcessPoolExecutor  # the recorder process (rlx.lineage.record.recorder)
     finish: Finisher
     unrecorded: deque = field(default_factory=deque)  # (step, metrics, its record), oldest first
 
