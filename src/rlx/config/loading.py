@@ -181,3 +181,18 @@ def to_yaml(config: RLTrainerConfig) -> str:
 def json_schema() -> dict[str, Any]:
     """JSON schema of params.yaml, for editors and for documentation."""
     return RLTrainerConfig.model_json_schema()
+
+
+def round_trip_yaml():
+    """A ruamel YAML that rewrites a file rlx edits (params.yaml, dvc.yaml) keeping its comments, quotes,
+    indents and ``null`` as written (ruamel would leave the value empty: ``lora:``)."""
+    from ruamel.yaml import YAML
+
+    def write_null(representer, _):
+        return representer.represent_scalar("tag:yaml.org,2002:null", "null")
+
+    round_trip = YAML()
+    round_trip.preserve_quotes = True
+    round_trip.indent(mapping=2, sequence=4, offset=2)
+    round_trip.representer.add_representer(type(None), write_null)
+    return round_trip

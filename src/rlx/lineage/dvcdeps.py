@@ -17,9 +17,9 @@ from functools import cache
 from pathlib import Path
 
 import yaml
-from ruamel.yaml import YAML
 
 from rlx.config import RLTrainerConfig
+from rlx.config.loading import round_trip_yaml
 from rlx.store.artifacts import write_text
 from rlx.store.layout import STAGES
 
@@ -123,9 +123,7 @@ def stage_deps(stage: str, declared: list[str], config: RLTrainerConfig) -> list
 def sync(dvc_yaml: Path, config: RLTrainerConfig) -> bool:
     """Rewrite the iteration stages' deps in ``dvc_yaml`` (comments kept) where they differ from what
     the code and the config give; returns whether it changed the file."""
-    round_trip = YAML()
-    round_trip.preserve_quotes = True
-    round_trip.indent(mapping=2, sequence=4, offset=2)
+    round_trip = round_trip_yaml()
     round_trip.width = 4096  # no re-wrapped lines
     tree = round_trip.load(dvc_yaml.read_text())
     changed = False

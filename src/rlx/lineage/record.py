@@ -27,9 +27,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import yaml
-from ruamel.yaml import YAML
 
 from rlx.config import apply_override
+from rlx.config.loading import round_trip_yaml
 from rlx.errors import UserError
 from rlx.store import faults
 from rlx.store.artifacts import write_bytes, write_text
@@ -42,21 +42,13 @@ PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent d
 
 def edit_params(path: Path, overrides: list[str]) -> None:
     """Write ``KEY=VALUE`` overrides into params.yaml, keeping its comments, so DVC records what ran."""
-    round_trip = YAML()
-    round_trip.preserve_quotes = True
-    round_trip.indent(mapping=2, sequence=4, offset=2)
-    round_trip.representer.add_representer(type(None), write_null)
+    round_trip = round_trip_yaml()
     tree = round_trip.load(path.read_text())
     for override in overrides:
         apply_override(tree, override)
     text = io.StringIO()
     round_trip.dump(tree, text)
     write_text(text.getvalue(), path)
-
-
-def write_null(representer, _):
-    """``null`` as the user wrote it (ruamel's round trip would leave the value empty: ``lora:``)."""
-    return representer.represent_scalar("tag:yaml.org,2002:null", "null")
 
 
 def point_at_step(path: Path, step: int, checkpoint: int) -> None:
