@@ -22,13 +22,12 @@ from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
 from rlx.lineage.fingerprint import fingerprint, first_difference, parameter_names
 from rlx.samplers import Sampler, TransformersSampler
-from rlx.store import faults
 from rlx.store.artifacts import read_json
-from rlx.store.integrity import first_changed, folder_records
+from rlx.store.integrity import first_changed
 from rlx.store.layout import RunLayout
 from rlx.tasks.data import PromptPool
 from rlx.training import lora
-from rlx.training.loading import load_policy, load_tokenizer
+from rlx.training.loading import load_policy, load_tokenizer, save_policy
 from rlx.training.trainer import DEEPSPEED_TAG, PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -192,35 +191,9 @@ class Engines:
             self._lmdeploy.sleep()
 
     def write_policy(self, step: int, folder: Path, mark: dict | None = None) -> Path:
-        """Step ``step``'s policy as a HF folder (written whole, under a temporary name first); a LoRA
-        policy merged into a full model, which ``from_pretrained`` loads without peft. With ``mark``, the
-        folder keeps it in ``.rlx.json`` (rlx.store.targets), with each file's size and hash."""
-        from rlx.store.artifacts import atomic_dir, write_text
-        from rlx.store.targets import FOLDER_MARK, folder_mark
-
-        policy = self.policy(step)
-        with atomic_dir(folder) as tmp:
-            if lora.is_lora(policy):
-                self.write_merged(policy, tmp)
-            else:
-                policy.save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
-            if mark is not None:
-                files = folder_records(sorted(p for p in tmp.rglob("*") if p.is_file()), tmp)
-                write_text(folder_mark(**mark, files=files), tmp / FOLDER_MARK)
-            faults.point("policy.write")
-        return folder
-
-    def write_merged(self, policy, folder: Path) -> None:
-        """A LoRA policy as ``W + scale x B A`` on a fresh copy of the base (the policy itself stays as it
-        is: it may be the trainer's); its adapter alone stays in ``adapter/`` when ``lora.export_adapter``."""
-        import shutil
-
-        adapter = folder / "adapter"
-        policy.save_pretrained(adapter, safe_serialization=True)
-        lora.merged(load_policy(adapter, base=self.base)).save_pretrained(folder, safe_serialization=True)
-        if not self.config.train_worker_cfg.lora.export_adapter:
-            shutil.rmtree(adapter)
+        """Step ``step``'s policy as a HF folder (rlx.training.loading.save_policy)."""
+        keep_adapter = self.config.train_worker_cfg.lora.export_adapter
+        return save_policy(self.policy(step), self.tokenizer, folder, self.base, keep_adapter, mark)
 
     def trainer_advanced_to(self, step: int) -> None:
         """Record that the trainer's in-memory policy is now the one saved for ``step``."""

@@ -61,7 +61,7 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
 def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: int, console: Console) -> list[dict]:
     """Step 0 (the base model) if the run is new, then for each step: run its stages, start its
     checkpoint if one is due, hand the step to the recorder."""
-    layout, total = engines.layout, run_length(config, engines.prompt_pool)
+    layout, total = RunLayout(config.work_dir), run_length(config, engines.prompt_pool)
     layout.work_dir.mkdir(parents=True, exist_ok=True)
     preflight.record_configuration(config)
     tracker = Tracker(config, first_step=0 if start == 1 else start)
@@ -90,11 +90,12 @@ def run_step(config: RLTrainerConfig, step: int, total: int, engines: Engines, c
     returns the step's merged metrics, the checkpoint's still to come."""
     metrics, rerun = {"time/checkpoint_wait": 0.0, "time/checkpoint_snapshot": 0.0}, False
     engines.replay_seconds = 0.0
+    layout = RunLayout(config.work_dir)
     for name in ITERATION:
-        rerun = rerun or not is_complete(name, step, engines)
+        rerun = rerun or not is_complete(name, step, layout)
         if not rerun:
-            refresh_curves(name, config, step, engines)
-            metrics.update(read_json(engines.layout.step(step).metrics(name)))
+            refresh_curves(name, config, step)
+            metrics.update(read_json(layout.step(step).metrics(name)))
         elif name == "checkpoint" and written_in_background(config, step, total):
             metrics.update(checkpoints.start(step))
         else:
@@ -106,14 +107,14 @@ def run_step(config: RLTrainerConfig, step: int, total: int, engines: Engines, c
 def run_base(config: RLTrainerConfig, engines: Engines) -> None:
     """Step 0: the base model's fingerprint and evaluation, then checkpoint 0 (unless already done)."""
     for name in ("base", "checkpoint"):
-        if not is_complete(name, 0, engines):
+        if not is_complete(name, 0, RunLayout(config.work_dir)):
             run_stage(name, config, 0, engines)
 
 
 def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Engines, console: Console) -> dict:
     """``debug_rollout``: prepare, roll out and judge one step, then stop, to check sampling and rewards."""
     total = run_length(config, engines.prompt_pool)
-    point_at_step(params, step, newest_checkpoint(config, engines.layout, step - 1, total))
+    point_at_step(params, step, newest_checkpoint(config, RunLayout(config.work_dir), step - 1, total))
     run_base(config, engines)
     metrics = {
         k: v for name in ("prepare", "rollout", "judge") for k, v in run_stage(name, config, step, engines).items()
@@ -135,7 +136,7 @@ def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, Engines
     if reason := clip_cannot_act(config):
         log.warning(reason)
     engines = Engines(config, replay)
-    return config, engines, first_step_to_run(config, engines.layout)
+    return config, engines, first_step_to_run(config, RunLayout(config.work_dir))
 
 
 @contextlib.contextmanager

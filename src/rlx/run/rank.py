@@ -14,13 +14,14 @@ from rlx.engines import Engines
 from rlx.stages import module
 from rlx.stages.train import replay
 from rlx.store.artifacts import write_json
+from rlx.store.layout import RunLayout
 from rlx.training.distributed import is_main
 
 
 def main(argv: list[str]) -> None:
     name, config_path, step, result = argv
     config = load(Path(config_path))
-    metrics = module(name).run(config, int(step), Engines(config, replay))
+    metrics = module(name).run(config, int(step), RunLayout(config.work_dir).step(int(step)), Engines(config, replay))
     if is_main():
         write_json(metrics, Path(result))
 

@@ -42,7 +42,7 @@ def recording(config: RLTrainerConfig, params: Path, engines: Engines, total: in
     checkpoints = BackgroundCheckpoints(config, engines)
     try:
         with recorder() as dvc:
-            records = StepRecords(config, params, engines.layout, total, checkpoints, dvc, finish)
+            records = StepRecords(config, params, RunLayout(config.work_dir), total, checkpoints, dvc, finish)
             yield records
             records.finish_all()
     finally:

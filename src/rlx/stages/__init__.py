@@ -1,6 +1,7 @@
-"""The pipeline's stages. Each is a module with ``run(config, step, engines) -> metrics`` and
-``outputs(step_paths)``; ``run_stage`` is the one way to run any of them, for `rlx stage NAME`
-(what ``dvc.yaml`` calls) and for `rlx fit` alike.
+"""The pipeline's stages. Each is a module with ``run(config, step, paths, engines) -> metrics``
+(``paths``: the step's folder, rlx.store.layout.StepPaths; ``engines``: the models kept warm) and
+``outputs(paths)``; ``run_stage`` is the one way to run any of them, for `rlx stage NAME` (what
+``dvc.yaml`` calls) and for `rlx fit` alike.
 
 A stage is complete when its metrics file exists and its outputs are exactly what it wrote: before
 the metrics it records each output file's size and hash in ``<stage>_outputs.json`` (rlx.store.integrity),
@@ -24,7 +25,7 @@ from rlx.errors import UserError, first_line
 from rlx.store import faults
 from rlx.store.artifacts import read_json, write_json
 from rlx.store.integrity import first_changed, folder_records
-from rlx.store.layout import STAGES
+from rlx.store.layout import STAGES, RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,9 @@ def damaged_output(name: str, paths) -> str | None:
     return first_changed(paths.dir, read_json(paths.outputs(name)), hashed)
 
 
-def is_complete(name: str, step: int, engines) -> bool:
+def is_complete(name: str, step: int, layout: RunLayout) -> bool:
     """Whether the stage finished (its metrics file, written last, exists) with its outputs intact."""
-    paths = engines.layout.step(step_of(name, step))
+    paths = layout.step(step_of(name, step))
     if not paths.metrics(name).is_file():
         return False
     problem = damaged_output(name, paths)
@@ -92,28 +93,28 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines, **given) -
     """Run one stage (``given``: what `rlx fit` hands it beyond the files, e.g. a checkpoint's host copy),
     then record its outputs and write its metrics (its wall time included) as the mark that it finished."""
     stage, step = module(name), step_of(name, step)
+    paths = RunLayout(config.work_dir).step(step)
     faults.point(f"{name}.start")
     if getattr(stage, "draws_random_numbers", True):  # not from a background thread, whose RNGs are the run's
         reseed(config, name, step)
     started = time.perf_counter()
     try:
-        metrics = stage.run(config, step, engines, **given)
+        metrics = stage.run(config, step, paths, engines, **given)
     except FileNotFoundError as exc:  # e.g. `rlx stage train` before the step's rollouts exist
         raise UserError(
             f"stage {name} of step {step}: an input is missing ({first_line(exc)}); run the stages before it "
             "first (`dvc repro` runs them in order)"
         ) from None
     metrics[f"time/{name}"] = time.perf_counter() - started
-    paths = engines.layout.step(step)
     faults.point(f"{name}.metrics")
     record_outputs(name, paths)
     write_json(metrics, paths.metrics(name), indent=None)
-    refresh_curves(name, config, step, engines)
+    refresh_curves(name, config, step)
     return metrics
 
 
-def refresh_curves(name: str, config: RLTrainerConfig, step: int, engines) -> None:
+def refresh_curves(name: str, config: RLTrainerConfig, step: int) -> None:
     """Rebuild the curves a stage owns (idempotent: also called for a stage found complete on resume)."""
     after_run = getattr(module(name), "after_run", None)
     if after_run:
-        after_run(config, step_of(name, step), engines)
+        after_run(config, RunLayout(config.work_dir), step_of(name, step))

@@ -12,16 +12,17 @@ from rlx.config import RLTrainerConfig
 from rlx.lineage.fingerprint import fingerprint
 from rlx.stages import evaluate
 from rlx.store.artifacts import write_json
+from rlx.store.layout import RunLayout, StepPaths
 from rlx.training.loading import load_policy
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    write_json(fingerprint(load_policy(config.load_from)), engines.layout.step(0).weights_fingerprint, indent=None)
-    return evaluate.run(config, 0, engines)
+def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
+    write_json(fingerprint(load_policy(config.load_from)), paths.weights_fingerprint, indent=None)
+    return evaluate.run(config, 0, paths, engines)
 
 
-def after_run(config: RLTrainerConfig, step: int, engines) -> None:
-    evaluate.after_run(config, 0, engines)
+def after_run(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
+    evaluate.after_run(config, layout, 0)
 
 
 def outputs(paths) -> list:

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 from rlx.config import RLTrainerConfig
 from rlx.store.artifacts import DiskFullError, atomic_dir, write_json
+from rlx.store.layout import StepPaths
 from rlx.training.loading import load_policy
 
 draws_random_numbers = False  # safe in a background thread: nothing here reseeds the run's RNGs
@@ -47,17 +48,16 @@ def written_in_background(config: RLTrainerConfig, step: int, total_steps: int) 
     return is_due(config, step, total_steps) and not written_by_ranks(config)
 
 
-def run(config: RLTrainerConfig, step: int, engines, snapshot=None) -> dict:
+def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=None) -> dict:
     """The checkpoint if due: ``snapshot`` (`rlx fit`'s host copy of the trainer's state) or the
     trainer's state as it is."""
-    if step and not is_due(config, step, engines.layout.step(step).recorded_length()):  # step 0 is always due
+    if step and not is_due(config, step, paths.recorded_length()):  # step 0 is always due
         return {"checkpoint/saved": 0}
-    paths = engines.layout.step(step)
     if step == 0:
-        with disk_full_reported(step, engines.layout):
+        with disk_full_reported(paths):
             save_base(config, paths, engines.tokenizer)
     elif not written_by_ranks(config):
-        save_trainer(step, engines, snapshot)
+        save_trainer(step, paths, engines, snapshot)
         release_freed_memory()
     size = sum(f.stat().st_size for out in outputs(paths) for f in out.rglob("*") if f.is_file())
     return {"checkpoint/saved": 1, "checkpoint/bytes": size}
@@ -72,21 +72,20 @@ def save_base(config: RLTrainerConfig, paths, tokenizer) -> None:
         write_json({"global_steps": 0}, tmp / "state.json")
 
 
-def save_trainer(step: int, engines, snapshot=None) -> None:
+def save_trainer(step: int, paths: StepPaths, engines, snapshot=None) -> None:
     """The trainer's policy and optimizer state: from the copy `rlx fit` took, or as the trainer holds them."""
-    paths = engines.layout.step(step)
     snapshot = snapshot or engines.trainer(step).snapshot(engines.tokenizer)
-    with disk_full_reported(step, engines.layout):
+    with disk_full_reported(paths):
         snapshot.write(paths.policy, paths.trainer_state)
 
 
 @contextmanager
-def disk_full_reported(step: int, layout) -> Iterator[None]:
+def disk_full_reported(paths: StepPaths) -> Iterator[None]:
     """A full disk while a checkpoint is written, reported with what is still intact."""
     try:
         yield
     except DiskFullError as exc:
-        previous = layout.checkpoints(upto=step - 1)
+        previous = paths.run.checkpoints(upto=paths.number - 1)
         intact = f"the previous checkpoint step-{previous[-1]} is intact" if previous else "no checkpoint was lost"
         raise DiskFullError(exc.path, f"{intact}: free some space and rerun to resume from it") from None
 

@@ -21,6 +21,7 @@ from rlx.judgers.rows import judge_rows
 from rlx.samplers import Sampler
 from rlx.stages.curves import write_curve
 from rlx.store.artifacts import write_rows
+from rlx.store.layout import RunLayout, StepPaths
 from rlx.tasks.data import load_rows, prompt_ids
 
 SAMPLE_SCHEMA = pa.schema(
@@ -139,20 +140,19 @@ def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: 
     return samples, metrics
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    paths = engines.layout.step(step)
+def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     samples, metrics = [], {"eval/evaluated": 0}
-    if is_due(config, step, engines.layout.step(step).recorded_length() if step else 0):  # base: before any prepare
+    if is_due(config, step, paths.recorded_length() if step else 0):  # base: before any prepare
         samples, metrics = evaluate_policy(config, engines.sampler(step), engines.tokenizer, step)
         metrics["eval/evaluated"] = 1
     write_rows(samples, paths.eval_samples, schema=SAMPLE_SCHEMA)
     return metrics
 
 
-def after_run(config: RLTrainerConfig, step: int, engines) -> None:
+def after_run(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
     """Rewrite the eval curve from every evaluated step so far (idempotent, so reruns are safe)."""
     stages = lambda number: ["base" if number == 0 else "evaluate"]  # noqa: E731 - step 0 is evaluated by `base`
-    write_curve(engines.layout, "eval", stages, range(0, step + 1), only_if="eval/evaluated")
+    write_curve(layout, "eval", stages, range(0, step + 1), only_if="eval/evaluated")
 
 
 def outputs(paths) -> list:

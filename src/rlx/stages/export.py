@@ -12,16 +12,17 @@ import shutil
 from rlx.config import RLTrainerConfig
 from rlx.store.artifacts import write_json
 from rlx.store.integrity import file_hash
+from rlx.store.layout import StepPaths
 
 
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
     return step == total_steps or (config.hf_interval > 0 and step % config.hf_interval == 0)
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    paths, layout = engines.layout.step(step), engines.layout
+def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
+    layout = paths.run
     record = {"step": step, "exported": False}
-    if is_due(config, step, engines.layout.step(step).recorded_length()):
+    if is_due(config, step, paths.recorded_length()):
         target = engines.write_policy(step, layout.hf_export(step))
         files = {
             str(f.relative_to(target)): file_hash(f, "sha256")  # the Hub's content hash; 16 GB at 8 B

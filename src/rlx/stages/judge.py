@@ -15,10 +15,10 @@ from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
 from rlx.judgers.rows import VERDICT, judge_rollouts
 from rlx.store.artifacts import read_rows, write_rows
+from rlx.store.layout import StepPaths
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    paths = engines.layout.step(step)
+def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     rollouts = read_rows(paths.checked(paths.rollouts))
     if VERDICT in rollouts[0]:  # judged already, by the filter that kept these groups
         judged = [row.pop(VERDICT) for row in rollouts]

@@ -14,6 +14,7 @@ import random
 from rlx import seeds
 from rlx.config import RLTrainerConfig
 from rlx.store.artifacts import write_json, write_rows
+from rlx.store.layout import StepPaths
 from rlx.tasks.data import PromptPool, run_length
 
 
@@ -38,12 +39,11 @@ def reserve_groups(pool: PromptPool, config: RLTrainerConfig, step: int) -> list
     return [pool.rows[i] for i in order]
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
+def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     """Write the step's groups (``batch`` 0) and, with dynamic sampling, its reserve (``batch`` 1, 2, ...)."""
     epoch, rows = step_groups(engines.prompt_pool, config, step)
     size = config.dataflow_config.global_batch_size
     rows += reserve_groups(engines.prompt_pool, config, step)
-    paths = engines.layout.step(step)
     write_json({"total_steps": run_length(config, engines.prompt_pool)}, paths.run_length)
     write_rows(
         [{"step": step, "group": g, "batch": g // size, "epoch": epoch, **row} for g, row in enumerate(rows)],

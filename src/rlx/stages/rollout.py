@@ -18,6 +18,7 @@ from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
 from rlx.judgers.rows import VERDICT, judge_rollouts
 from rlx.store.artifacts import read_rows, write_rows
+from rlx.store.layout import StepPaths
 
 
 def sampling_seed(config: RLTrainerConfig, step: int) -> int:
@@ -65,8 +66,7 @@ def informative_groups(config: RLTrainerConfig, rows: list[dict], panel: Panel) 
     return [group for group in groups if len({row[VERDICT]["reward"] for row in group}) > 1]
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
-    paths = engines.layout.step(step)
+def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     flow = config.dataflow_config
     prompts = read_rows(paths.checked(paths.prompts))
     batches = [[g for g in prompts if g["batch"] == b] for b in range(max(g["batch"] for g in prompts) + 1)]

@@ -31,6 +31,7 @@ from rlx.stages.checkpoint import save_trainer
 from rlx.stages.curves import write_curve
 from rlx.store import faults
 from rlx.store.artifacts import read_json, read_rows, write_json, write_rows
+from rlx.store.layout import RunLayout, StepPaths
 from rlx.training import distributed, launcher
 from rlx.training.microbatch import (
     Micro,
@@ -72,19 +73,17 @@ def clip_cannot_act(config: RLTrainerConfig) -> str | None:
     )
 
 
-def run(config: RLTrainerConfig, step: int, engines) -> dict:
+def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     """Update the policy of step - 1 with the step's judged rollouts; record the update's numbers and
     the new weights' fingerprint (the weights themselves are the checkpoint stage's)."""
     if config.resources.num_workers > 1 and not distributed.launched():
-        return launcher.launch_stage("train", config, step, engines.layout.step(step).dir)
-    missing = [
-        p.name for p in (engines.layout.step(step).rollouts, engines.layout.step(step).judged) if not p.is_file()
-    ]
+        return launcher.launch_stage("train", config, step, paths.dir)
+    missing = [p.name for p in (paths.rollouts, paths.judged) if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"{engines.layout.step(step).dir}: no {' or '.join(missing)}")
+        raise FileNotFoundError(f"{paths.dir}: no {' or '.join(missing)}")
     trainer = engines.trainer(step - 1)
     engines.make_room_for_training()
-    metrics, numbers = update(config, step, engines, trainer)
+    metrics, numbers = update(config, paths, engines, trainer)
     check_weights(config, step, trainer)
     started = time.perf_counter()
     weights = trainer.fingerprint()
@@ -93,12 +92,11 @@ def run(config: RLTrainerConfig, step: int, engines) -> dict:
     metrics["train/trainable_params"] = trainer.trainable_parameters  # LoRA: the adapter's, a fraction of the model
     metrics["train/optimizer_state_bytes"] = trainer.optimizer_state_bytes()
     engines.trainer_advanced_to(step)
-    paths = engines.layout.step(step)
     if distributed.is_main():
         write_rows(numbers, paths.update, schema=UPDATE_SCHEMA)
         write_json(weights, paths.weights_fingerprint, indent=None)
     if distributed.launched():
-        save_trainer(step, engines)  # the ranks end with this step: the next ones start from the files
+        save_trainer(step, paths, engines)  # the ranks end with this step: the next ones start from the files
     return metrics
 
 
@@ -107,22 +105,23 @@ def replay(config: RLTrainerConfig, trainer, steps: range, engines) -> None:
     on disk), checking the weights against each step's recorded fingerprint."""
     from rlx.stages import reseed
 
+    layout = RunLayout(config.work_dir)
     for step in steps:
-        paths = engines.layout.step(step)
+        paths = layout.step(step)
         missing = [p.name for p in (paths.rollouts, paths.judged, paths.weights_fingerprint) if not p.is_file()]
         if missing:
             raise UserError(
-                f"cannot re-create the policy of step {steps[-1]} of {engines.layout.work_dir}: step {step}'s "
+                f"cannot re-create the policy of step {steps[-1]} of {layout.work_dir}: step {step}'s "
                 f"{', '.join(missing)} missing (deleted?); replay needs every step after the checkpoint it starts from"
             )
         reseed(config, "train", step)
-        update(config, step, engines, trainer)
+        update(config, paths, engines, trainer)
         faults.point("replay.step")
         recorded = read_json(paths.weights_fingerprint)
         problem = first_difference(recorded, trainer.fingerprint(), parameter_names(trainer.module))
         if problem:
             raise UserError(
-                f"replaying step {step} of {engines.layout.work_dir} did not re-create its policy ({problem}): "
+                f"replaying step {step} of {layout.work_dir} did not re-create its policy ({problem}): "
                 "training was not deterministic (on a GPU: set CUBLAS_WORKSPACE_CONFIG=:4096:8 and use "
                 "deterministic kernels), or the step's records or code changed since it ran"
             )
@@ -141,18 +140,17 @@ class Scored:
     timings: dict
 
 
-def update(config: RLTrainerConfig, step: int, engines, trainer) -> tuple[dict, list[dict]]:
+def update(config: RLTrainerConfig, paths: StepPaths, engines, trainer) -> tuple[dict, list[dict]]:
     """The step's policy update, in place on ``trainer``, at its seams: score the batch, update, report.
     Returns its metrics and, per response, the numbers it used (``update.parquet``)."""
-    scored = score_batch(config, step, engines, trainer)
-    metrics = apply_updates(config, step, scored.minis, trainer, scored.timings)
+    scored = score_batch(config, paths, engines, trainer)
+    metrics = apply_updates(config, paths.number, scored.minis, trainer, scored.timings)
     return report(config, scored, metrics)
 
 
-def score_batch(config: RLTrainerConfig, step: int, engines, trainer) -> Scored:
+def score_batch(config: RLTrainerConfig, paths: StepPaths, engines, trainer) -> Scored:
     """The step's judged rollouts as micro-batches with old and reference log-probs, shaped rewards,
     advantages and (under rollout correction) importance weights."""
-    paths = engines.layout.step(step)
     rollouts, judged = read_rows(paths.checked(paths.rollouts)), read_rows(paths.checked(paths.judged))
     started = time.perf_counter()
     minis = prepare_micro_batches(config, rollouts, trainer, engines)
@@ -323,9 +321,9 @@ def check_weights(config: RLTrainerConfig, step: int, trainer) -> None:
         )
 
 
-def after_run(config: RLTrainerConfig, step: int, engines) -> None:
+def after_run(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:
     """Rewrite the reward and training curve from every step so far (idempotent, so reruns are safe)."""
-    write_curve(engines.layout, "train", lambda _: ["judge", "train"], range(1, step + 1))
+    write_curve(layout, "train", lambda _: ["judge", "train"], range(1, step + 1))
 
 
 def outputs(paths) -> list:

@@ -81,6 +81,16 @@ class StepPaths:
     lock = _file("dvc.lock.gz")
     done = _file("done.json")
 
+    @property
+    def number(self) -> int:
+        """The step's number, from its folder's name (``step-N``)."""
+        return int(self.dir.name.removeprefix("step-"))
+
+    @property
+    def run(self) -> RunLayout:
+        """The run this step belongs to: its other steps, curves and exports."""
+        return RunLayout(self.dir.parent)
+
     def recorded_length(self) -> int:
         """The run's length as this step's prepare recorded it: what the stages after it read, so that
         DVC sees it as their input."""

@@ -4,6 +4,7 @@ failing deep inside a forward pass or on every prompt of the run."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -11,6 +12,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rlx.errors import UserError, first_line
+from rlx.store import faults
+from rlx.store.artifacts import atomic_dir, write_text
+from rlx.store.integrity import folder_records
+from rlx.store.targets import FOLDER_MARK, folder_mark
 from rlx.tasks.data import prompt_ids
 from rlx.training import lora
 
@@ -107,3 +112,31 @@ def load_tokenizer(path: Path, model_path: Path):
     check_vocabulary(tokenizer, path, model_path)
     check_chat_template(tokenizer, path)
     return tokenizer
+
+
+def save_policy(policy, tokenizer, folder: Path, base: Path, keep_adapter: bool, mark: dict | None = None) -> Path:
+    """``policy`` as a HF folder, written whole under a temporary name first; a LoRA policy merged into a
+    full model on ``base``, which ``from_pretrained`` loads without peft (its adapter alone kept in
+    ``adapter/`` when ``keep_adapter``). With ``mark``, the folder keeps it in ``.rlx.json``
+    (rlx.store.targets), with each file's size and hash."""
+    with atomic_dir(folder) as tmp:
+        if lora.is_lora(policy):
+            save_merged(policy, tmp, base, keep_adapter)
+        else:
+            policy.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if mark is not None:
+            files = folder_records(sorted(p for p in tmp.rglob("*") if p.is_file()), tmp)
+            write_text(folder_mark(**mark, files=files), tmp / FOLDER_MARK)
+        faults.point("policy.write")
+    return folder
+
+
+def save_merged(policy, folder: Path, base: Path, keep_adapter: bool) -> None:
+    """A LoRA policy as ``W + scale x B A`` on a fresh copy of ``base`` (the policy itself stays as it is:
+    it may be the trainer's)."""
+    adapter = folder / "adapter"
+    policy.save_pretrained(adapter, safe_serialization=True)
+    lora.merged(load_policy(adapter, base=base)).save_pretrained(folder, safe_serialization=True)
+    if not keep_adapter:
+        shutil.rmtree(adapter)
