@@ -192,7 +192,8 @@ class Engines:
 
     def write_policy(self, step: int, folder: Path, mark: dict | None = None) -> Path:
         """Step ``step``'s policy as a HF folder (rlx.training.loading.save_policy)."""
-        keep_adapter = self.config.train_worker_cfg.lora.export_adapter
+        adapter = self.config.train_worker_cfg.lora
+        keep_adapter = adapter is not None and adapter.export_adapter
         return save_policy(self.policy(step), self.tokenizer, folder, self.base, keep_adapter, mark)
 
     def trainer_advanced_to(self, step: int) -> None:
