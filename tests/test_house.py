@@ -24,8 +24,8 @@ def all_modules() -> set[str]:
 
 
 def floor(name: str) -> int:
-    """2: the run and the faces; 1: the stages; 0: the library they share."""
-    if name in FACES or name == "rlx.run" or name.startswith("rlx.run."):
+    """2: the run, its workers and the faces; 1: the stages; 0: the library they share."""
+    if name in FACES or any(name == room or name.startswith(f"{room}.") for room in ("rlx.run", "rlx.workers")):
         return 2
     return 1 if name == "rlx.stages" or name.startswith("rlx.stages.") else 0
 

@@ -151,12 +151,11 @@ def stage(
     """Run one pipeline stage for the step in params.yaml's `run.step` (`run.checkpoint` for the
     checkpoint stage): what dvc.yaml calls. It takes the same locks and makes the same checks as
     `rlx fit`, and a run's first stage records the run's configuration, which its later stages must keep."""
-    from rlx.engines import Engines
     from rlx.lineage.dvcdeps import undeclared_datasets
     from rlx.run.preflight import entered, record_configuration
     from rlx.stages import run_stage
-    from rlx.stages.train import replay
     from rlx.store.layout import STAGES
+    from rlx.workers.group import warm_engines
 
     if name not in STAGES:
         raise UserError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
@@ -165,9 +164,9 @@ def stage(
     if problem:
         raise UserError(problem)
     step = config.run.checkpoint if name == "checkpoint" else config.run.step
-    with entered(params, config):
+    with entered(params, config), warm_engines(config) as engines:  # several workers: started for this stage
         record_configuration(config, keep=True)
-        metrics = run_stage(name, config, step, Engines(config, replay))
+        metrics = run_stage(name, config, step, engines)
     console.print_json(data=metrics)
 
 

@@ -39,9 +39,12 @@ def has_optimizer_state(paths) -> bool:
 
 
 class Engines:
-    def __init__(self, config: RLTrainerConfig, replay: Callable | None = None):
+    def __init__(self, config: RLTrainerConfig, replay: Callable | None = None, workers=None):
         self.config = config
         self.replay = replay  # (config, trainer, steps, engines): the train stage's replay of recorded updates
+        self.workers = (
+            workers  # several workers (rlx.workers.group.WorkerGroup): they hold the policy, not this process
+        )
         self.layout = RunLayout(config.work_dir)
         self._trainer: PolicyTrainer | None = None
         self._trainer_step: int | None = None
@@ -94,6 +97,8 @@ class Engines:
         from memory: the trainer's when it holds that step (warm `rlx fit`), else loaded or replayed; a
         LoRA policy as merged weights (LMDeploy 0.18 takes adapters only when it starts)."""
         config = self.config.rollout_config
+        if self.workers is not None:
+            return self.workers.sampler(step)
         if config.backend == "transformers":
             return TransformersSampler(self.policy(step), self.tokenizer, config)
         if self._lmdeploy is None:
@@ -191,7 +196,9 @@ class Engines:
             self._lmdeploy.sleep()
 
     def write_policy(self, step: int, folder: Path, mark: dict | None = None) -> Path:
-        """Step ``step``'s policy as a HF folder (rlx.training.loading.save_policy)."""
+        """Step ``step``'s policy as a HF folder (rlx.training.loading.save_policy), written where it is held."""
+        if self.workers is not None:
+            return self.workers.write_policy(step, folder, mark)
         adapter = self.config.train_worker_cfg.lora
         keep_adapter = adapter is not None and adapter.export_adapter
         return save_policy(self.policy(step), self.tokenizer, folder, self.base, keep_adapter, mark)

@@ -3,33 +3,50 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from rlx.config.fields import Section, unsupported
+from rlx.config.fields import Section
 
 
 class AcceleratorResourcesConfig(Section):
-    """Where training runs (XTuner ``resources``)."""
+    """Where the run's workers run (XTuner ``AcceleratorResourcesConfig``): with ``num_workers`` above 1,
+    one Ray placement group of ``num_workers`` bundles, one worker actor in each, kept for the whole run
+    (rlx.workers)."""
 
     accelerator: Literal["CPU", "GPU"] = Field(
         "CPU",
         description="The device the run expects (rlx default CPU; XTuner: GPU). rlx uses a CUDA GPU whenever one "
-        "is visible: GPU without one stops the run, CPU with one warns.",
+        "is visible: GPU without one stops the run, CPU with one warns. With num_workers > 1, GPU reserves "
+        "num_accelerators_per_worker GPUs for each worker.",
     )
-    num_workers: int = Field(1, gt=0, description="Training processes; >1 launches through DeepSpeed's launcher.")
-    hostfile: Path | None = Field(
+    num_workers: int = Field(
+        1,
+        gt=0,
+        description="Workers, each a DeepSpeed rank with its own rollout engine. 1: everything in the `rlx fit` "
+        "process (no Ray); >1: Ray actors started once for the run.",
+    )
+    num_accelerators_per_worker: float = Field(
+        1, gt=0, description="GPUs reserved per worker under accelerator GPU (XTuner's field); unused on CPU."
+    )
+    num_cpus_per_worker: float = Field(
+        1, gt=0, description="CPUs reserved per worker in its Ray bundle (XTuner: 8); fractions share a core."
+    )
+    cpu_memory_per_worker: int = Field(
+        2 * 1024**3,
+        ge=0,
+        description="Host memory in bytes reserved per worker in its Ray bundle (XTuner requires it); 0 reserves none.",
+    )
+    pg_pack_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="How Ray places the workers' bundles on nodes (XTuner's field): PACK fills a node first, "
+        "SPREAD spreads them, STRICT_* refuses to place otherwise.",
+    )
+    ray_address: str | None = Field(
         None,
-        description="rlx addition: a DeepSpeed hostfile (`HOST slots=N` per line) for multi-node training; "
-        "its slots must add up to num_workers. Without it, num_workers processes run on this host.",
-    )
-    num_cpus_per_worker: int = unsupported(
-        2, "rlx starts one process per worker and leaves CPU placement to the OS (XTuner reserves Ray CPUs)"
-    )
-    cpu_memory_per_worker: int = unsupported(
-        8 * 1024**3, "rlx reserves no host memory per worker (XTuner reserves it in Ray)"
+        description="rlx addition: the Ray cluster the workers join ('auto': the one `ray start` made on this "
+        "node, or HOST:PORT). null: rlx starts a Ray instance on this machine for the run and stops it after.",
     )
 
 

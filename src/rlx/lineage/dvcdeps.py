@@ -24,8 +24,7 @@ from rlx.store.artifacts import write_text
 from rlx.store.layout import STAGES
 
 PACKAGE = Path(__file__).resolve().parents[1]  # src/rlx
-RUNNER = ("rlx.stages", "rlx.engines")  # what every stage runs in
-EXTRA = {"train": ("rlx.run.rank",)}  # run in processes the stage launches (by module name, not an import)
+RUNNER = ("rlx.stages", "rlx.engines", "rlx.workers.group")  # what every stage runs in (`rlx stage` starts workers)
 DATASETS = {  # the dataset_cfg lists a stage reads
     "base": ("evaluator_config",),
     "prepare": ("replay_buffer_config",),
@@ -76,7 +75,7 @@ def closure(roots) -> set[str]:
 
 def code_files(stage: str) -> set[str]:
     """The source files stage ``stage`` runs, relative to the project (``src/rlx/...``)."""
-    modules = closure([f"rlx.stages.{stage}", *RUNNER, *EXTRA.get(stage, ())])
+    modules = closure([f"rlx.stages.{stage}", *RUNNER])
     return {project_path(module_file(m)) for m in modules}
 
 

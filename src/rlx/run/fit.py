@@ -30,10 +30,11 @@ from rlx.run.resume import ensure_inputs, first_step_to_run, steps_to_run
 from rlx.run.tracking import Tracker
 from rlx.stages import is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import written_in_background
-from rlx.stages.train import clip_cannot_act, replay
+from rlx.stages.train import clip_cannot_act
 from rlx.store.artifacts import read_json, write_text
 from rlx.store.layout import ITERATION, RunLayout
 from rlx.tasks.data import run_length
+from rlx.workers.group import warm_engines
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,10 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
     params = Path(params).resolve()
     config = load(params, overrides)
     console = console or Console()
-    with preflight.entered(params, config) as existed:
+    with preflight.entered(params, config) as existed, contextlib.ExitStack() as warm:
         with undone_if_refused(params, config.work_dir, existed):
-            config, engines, start = set_up(params, overrides)
+            config, start = set_up(params, overrides)
+            engines = warm.enter_context(warm_engines(config))  # several workers: started here, kept for the run
         if config.debug_rollout:
             return [debug_rollout(config, params, start, engines, console)]
         history = run_steps(config, params, engines, start, console)
@@ -123,7 +125,7 @@ def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Eng
     return metrics
 
 
-def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, Engines, int]:
+def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, int]:
     """params.yaml edited, DVC's files repaired, the pipeline's inputs brought up to date, the step to
     start from found."""
     if overrides:
@@ -135,8 +137,7 @@ def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, Engines
     ensure_inputs(config)
     if reason := clip_cannot_act(config):
         log.warning(reason)
-    engines = Engines(config, replay)
-    return config, engines, first_step_to_run(config, RunLayout(config.work_dir))
+    return config, first_step_to_run(config, RunLayout(config.work_dir))
 
 
 @contextlib.contextmanager

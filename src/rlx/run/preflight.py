@@ -55,13 +55,17 @@ def check(config: RLTrainerConfig, project: Path) -> None:
 
 def check_setup(config: RLTrainerConfig) -> None:
     """Refuse (or warn about, once) settings this machine or backend cannot act on, before a run starts:
-    ``resources.accelerator`` against the devices torch sees, the hostfile's slots against
-    ``num_workers``, LMDeploy-only rollout fields under another backend."""
+    ``resources.accelerator`` against the devices torch sees (several workers: against the Ray cluster,
+    rlx.workers.cluster), LMDeploy-only rollout fields under another backend."""
     from rlx.samplers import ignored_settings
-    from rlx.training.launcher import hostfile_slots
 
     resources, cuda = config.resources, torch.cuda.is_available()
-    if resources.accelerator == "GPU" and not cuda:
+    if resources.num_workers > 1 and config.train_worker_cfg.deepspeed.zero_stage == 3:
+        raise UserError(
+            "train_worker_cfg.deepspeed.zero_stage 3 with resources.num_workers > 1: each worker samples from its "
+            "trainer's module, which ZeRO-3 partitions across the workers; use zero_stage 2 (or 1 worker)"
+        )
+    if resources.accelerator == "GPU" and not cuda and resources.num_workers == 1:
         raise UserError("resources.accelerator 'GPU': torch sees no CUDA device here; set it to 'CPU' or run on a GPU")
     if resources.accelerator == "CPU" and cuda:
         warnings.warn(
@@ -69,13 +73,6 @@ def check_setup(config: RLTrainerConfig) -> None:
             "set resources.accelerator: GPU (or hide the GPU with CUDA_VISIBLE_DEVICES=)",
             stacklevel=2,
         )
-    if resources.hostfile is not None:
-        slots = hostfile_slots(resources.hostfile)
-        if resources.num_workers == 1 or slots != resources.num_workers:
-            raise UserError(
-                f"resources.hostfile {resources.hostfile} provides {slots} slots but resources.num_workers is "
-                f"{resources.num_workers}; a hostfile launches num_workers > 1 ranks, one per slot: make them equal"
-            )
     if ignored := ignored_settings(config.rollout_config):
         warnings.warn(
             f"{', '.join(ignored)}: read by the lmdeploy backend only, ignored with rollout_config.backend "

@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    LogitsProcessor,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from rlx.config import SampleParams
 from rlx.samplers.types import Generation
@@ -22,20 +29,23 @@ def stop_ids(tokenizer: PreTrainedTokenizerBase, params: SampleParams) -> list[i
     return list(dict.fromkeys([*ids, *params.stop_token_ids]))
 
 
+def is_greedy(params: SampleParams) -> bool:
+    return not params.do_sample or params.temperature == 0
+
+
 def generation_kwargs(tokenizer: PreTrainedTokenizerBase, params: SampleParams) -> dict:
-    greedy = not params.do_sample or params.temperature == 0
+    """``generate``'s options; sampling itself is :class:`RowSeededSampling`'s, so ``generate`` decodes
+    greedily over the scores it leaves."""
     kwargs = {
         "max_new_tokens": params.max_tokens,
         "min_new_tokens": params.min_tokens,
-        "do_sample": not greedy,
+        "do_sample": False,
         "eos_token_id": stop_ids(tokenizer, params),
         "pad_token_id": tokenizer.pad_token_id,
         "repetition_penalty": params.repetition_penalty,
         "return_dict_in_generate": True,
         "output_logits": True,
     }
-    if not greedy:
-        kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
     if params.stops:
         kwargs.update(stop_strings=list(params.stops), tokenizer=tokenizer)
     return kwargs
@@ -51,22 +61,52 @@ def generate(
     seed: int,
     batch_size: int = 1024,
 ) -> list[Generation]:
-    """Generate one response per prompt (repeat a prompt to sample a group).
+    """Generate one response per prompt (repeat a prompt to sample a group); prompt ``i`` samples from
+    seed ``seed + i`` alone, so a response does not depend on the batch it was generated in.
 
     Log-probs are ``log_softmax(logits / temperature)`` of the sampled token, the distribution the
     trainer recomputes (greedy uses temperature 1).
     """
-    torch.manual_seed(seed)
     kwargs = generation_kwargs(tokenizer, params)
-    temperature = params.temperature if kwargs["do_sample"] else 1.0
+    temperature = 1.0 if is_greedy(params) else params.temperature
     was_training = model.training
     model.eval()
     results: list[Generation] = []
     for start in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[start : start + batch_size]
-        results.extend(_generate_batch(model, tokenizer, chunk, kwargs, temperature, params))
+        sampling = (
+            [] if is_greedy(params) else [RowSeededSampling(params, range(seed + start, seed + start + len(chunk)))]
+        )
+        results.extend(
+            _generate_batch(model, tokenizer, chunk, {**kwargs, "logits_processor": sampling}, temperature, params)
+        )
     model.train(was_training)
     return results
+
+
+class RowSeededSampling(LogitsProcessor):
+    """Sampling with one random stream per row: temperature, top-k and top-p as ``generate`` applies
+    them, then the exponential race (Gumbel-max: ``argmax(p_i / E_i)``, ``E_i ~ Exp(1)``, picks ``i``
+    with probability ``p_i``), each row drawing its ``E`` from its own seeded generator. A row's
+    response then depends only on its prompt, the policy and its seed, not on the rows beside it:
+    prompts dealt to one engine or to eight sample the same responses."""
+
+    def __init__(self, params: SampleParams, seeds: Sequence[int]):
+        self.seeds, self.generators = list(seeds), None
+        self.warpers = [TemperatureLogitsWarper(params.temperature)]
+        if params.top_k:
+            self.warpers.append(TopKLogitsWarper(top_k=params.top_k))
+        if params.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=params.top_p))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.generators is None:
+            self.generators = [torch.Generator(scores.device).manual_seed(seed) for seed in self.seeds]
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        race = torch.stack([torch.empty_like(scores[0]).exponential_(generator=g) for g in self.generators])
+        race.clamp_(min=torch.finfo(race.dtype).tiny)  # a draw of exactly 0 would pick a token of probability 0
+        return scores - race.log()  # greedy decoding takes the argmax: the row's sample
 
 
 def _generate_batch(model, tokenizer, chunk, kwargs, temperature, params) -> list[Generation]:

@@ -31,21 +31,15 @@ draws_random_numbers = False  # safe in a background thread: nothing here reseed
 checked_when_loaded = True  # a resume checks the sizes only; Engines.load_checkpoint checks the hashes as it reads
 
 
-def written_by_ranks(config: RLTrainerConfig) -> bool:
-    """With several workers the training ranks write every step's checkpoint themselves: they live for
-    one step only, and the next step's ranks start from the files."""
-    return config.resources.num_workers > 1
-
-
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
     interval = config.checkpoint_interval
-    return step in (0, total_steps) or written_by_ranks(config) or (interval > 0 and step % interval == 0)
+    return step in (0, total_steps) or (interval > 0 and step % interval == 0)
 
 
 def written_in_background(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
     """Whether `rlx fit` writes step ``step``'s checkpoint from a copy in a background thread: it is due
-    and the trainer is this process's."""
-    return is_due(config, step, total_steps) and not written_by_ranks(config)
+    and the trainer is this process's (several workers each write their own shard, rlx.workers)."""
+    return is_due(config, step, total_steps) and config.resources.num_workers == 1
 
 
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=None) -> dict:
@@ -56,7 +50,9 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=
     if step == 0:
         with disk_full_reported(paths):
             save_base(config, paths, engines.tokenizer)
-    elif not written_by_ranks(config):
+    elif engines.workers is not None:
+        engines.workers.run("checkpoint", step)  # each rank its shard of the optimizer state, rank 0 the policy
+    else:
         save_trainer(step, paths, engines, snapshot)
         release_freed_memory()
     size = sum(f.stat().st_size for out in outputs(paths) for f in out.rglob("*") if f.is_file())

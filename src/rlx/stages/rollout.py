@@ -78,7 +78,8 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
         panel = Panel(config.judger_config)
         kept = informative_groups(config, rows, panel)
         while len(kept) < flow.global_batch_size and generated < len(batches):
-            extra = sample_groups(config, step, engines, batches[generated], sampling_seed(config, step) + generated)
+            seed = seeds.derive(sampling_seed(config, step), generated)  # rows draw seed + i: keep the batches apart
+            extra = sample_groups(config, step, engines, batches[generated], seed)
             tokens += sum(row["response_len"] for row in extra)
             kept += informative_groups(config, extra, panel)
             generated += 1

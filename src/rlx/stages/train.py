@@ -27,12 +27,11 @@ from rlx.algo.kl import adaptive_kl_coef
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
 from rlx.lineage.fingerprint import first_difference, parameter_names
-from rlx.stages.checkpoint import save_trainer
 from rlx.stages.curves import write_curve
 from rlx.store import faults
 from rlx.store.artifacts import read_json, read_rows, write_json, write_rows
 from rlx.store.layout import RunLayout, StepPaths
-from rlx.training import distributed, launcher
+from rlx.training import distributed
 from rlx.training.microbatch import (
     Micro,
     all_ranks,
@@ -76,8 +75,8 @@ def clip_cannot_act(config: RLTrainerConfig) -> str | None:
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     """Update the policy of step - 1 with the step's judged rollouts; record the update's numbers and
     the new weights' fingerprint (the weights themselves are the checkpoint stage's)."""
-    if config.resources.num_workers > 1 and not distributed.launched():
-        return launcher.launch_stage("train", config, step, paths.dir)
+    if engines.workers is not None:
+        return engines.workers.run("train", step)
     missing = [p.name for p in (paths.rollouts, paths.judged) if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"{paths.dir}: no {' or '.join(missing)}")
@@ -95,8 +94,6 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     if distributed.is_main():
         write_rows(numbers, paths.update, schema=UPDATE_SCHEMA)
         write_json(weights, paths.weights_fingerprint, indent=None)
-    if distributed.launched():
-        save_trainer(step, paths, engines)  # the ranks end with this step: the next ones start from the files
     return metrics
 
 

@@ -1,4 +1,4 @@
-"""Data-parallel training: how the ranks of a launched stage (:mod:`rlx.training.launcher`) agree.
+"""Data-parallel training: how the ranks of a worker group (rlx.workers) agree.
 
 Every rank reads the same judged rollouts and computes the same advantages; the micro-batches of
 each mini-batch are dealt out round-robin (``deal``), DeepSpeed averages the gradients, and rank 0
@@ -18,19 +18,12 @@ import torch
 
 from rlx.store.artifacts import atomic_dir
 
-RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # set by the launcher
-
 
 def ensure_rendezvous() -> None:
     """DeepSpeed needs a rendezvous even for one process; without these variables it looks for MPI."""
     if "RANK" in os.environ:
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-
-
-def without_rendezvous(environ: dict) -> dict:
-    """``environ`` minus this process's rendezvous, for a child that must start its own."""
-    return {name: value for name, value in environ.items() if name not in RENDEZVOUS}
 
 
 def rank() -> int:
@@ -46,7 +39,7 @@ def is_main() -> bool:
 
 
 def launched() -> bool:
-    """Whether this process is one rank of a launched world (the launcher sets WORLD_SIZE)."""
+    """Whether this process is one rank of a world of several (a worker sets WORLD_SIZE when it joins)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 

@@ -1,0 +1,91 @@
+"""The Ray instance a run's workers live in: joined when ``resources.ray_address`` names one, else
+started on this machine for the run and stopped after it, also when the driver is killed.
+
+Ray's own clean-up covers a driver that exits; a driver killed with SIGKILL leaves some of the
+processes of the instance it started (seen with Ray 2.58: the dashboard and runtime-env agents stay,
+re-parented to init). So before starting Ray the driver marks its environment, which every process of
+the instance inherits, and starts a reaper (rlx.workers.reaper) in a session of its own that kills
+the marked processes once the driver is gone. An instance given by address is never stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+from rlx.config import RLTrainerConfig
+from rlx.errors import UserError
+
+log = logging.getLogger(__name__)
+
+MARK = "RLX_RAY_INSTANCE"  # the environment variable every process of an instance rlx started carries
+INSTALL = "pip install 'ray==2.58.0'"  # the release rlx's worker group is written and tested against
+
+
+def import_ray():
+    """Ray, or one line saying how to install it (the one-worker path never asks)."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError(f"resources.num_workers > 1 runs the workers on Ray, not installed here: {INSTALL}") from None
+    return ray
+
+
+def wanted(config: RLTrainerConfig) -> dict[str, float]:
+    """What the workers reserve in all, in Ray's resource names (memory in bytes)."""
+    resources = config.resources
+    total = {"CPU": resources.num_cpus_per_worker * resources.num_workers}
+    if resources.accelerator == "GPU":
+        total["GPU"] = resources.num_accelerators_per_worker * resources.num_workers
+    if resources.cpu_memory_per_worker:
+        total["memory"] = float(resources.cpu_memory_per_worker * resources.num_workers)
+    return total
+
+
+def shortfall(asked: dict[str, float], present: dict[str, float]) -> str | None:
+    """What the cluster lacks of ``asked``, in words and with the field to change, or None."""
+    fields = {"CPU": "num_cpus_per_worker", "GPU": "num_accelerators_per_worker", "memory": "cpu_memory_per_worker"}
+    missing = [
+        f"{asked[name]:g} {name} (resources.{fields[name]} x num_workers) but the cluster has {present.get(name, 0):g}"
+        for name in asked
+        if asked[name] > present.get(name, 0) + 1e-9
+    ]
+    return "; ".join(missing) or None
+
+
+@contextlib.contextmanager
+def ray_instance(config: RLTrainerConfig) -> Iterator[object]:
+    """Ray, connected for the body: to ``resources.ray_address``, or to an instance started here (with
+    what this machine has, no dashboard) and stopped after. Refuses, before any worker starts, a
+    request for more CPUs, GPUs or memory than the cluster has."""
+    ray = import_ray()
+    address = config.resources.ray_address
+    reaper = None if address else start_reaper()
+    try:
+        ray.init(address=address, include_dashboard=False, configure_logging=False)
+        os.environ.pop(MARK, None)  # the instance's processes carry it; the driver's later children need not
+        if problem := shortfall(wanted(config), ray.cluster_resources()):
+            raise UserError(f"resources: the workers ask for {problem}")
+        yield ray
+    finally:
+        ray.shutdown()
+        if reaper is not None:
+            reaper.terminate()  # it sweeps what is left of the instance, then exits
+
+
+def start_reaper() -> subprocess.Popen:
+    """Mark this process's environment for the Ray instance it is about to start, and start the reaper
+    that kills the marked processes when this one is gone (or when told to, at the end of the run)."""
+    os.environ[MARK] = f"{os.getpid()}-{uuid.uuid4().hex}"
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlx.workers.reaper", str(os.getpid()), os.environ[MARK]],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # not in the driver's process group: a kill of the group leaves it to clean up
+    )

@@ -1,0 +1,61 @@
+"""One worker of the group, a Ray actor alive for the whole run: a DeepSpeed rank with its own
+rollout engine. It keeps an :class:`rlx.engines.Engines` of its own, so the policy it trains at step N
+is the very module it samples step N+1 from, as in the one-process run, and the driver sends it only
+step numbers and prompt ids. It runs the stages' own code (train, checkpoint, export) on the run's
+files, which every node must see (a shared filesystem, as for XTuner's ``work_dir``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+
+from rlx.config import RLTrainerConfig, SampleParams
+from rlx.engines import Engines
+from rlx.samplers.types import Generation
+from rlx.stages import module, reseed
+from rlx.stages.train import replay
+from rlx.store.layout import RunLayout
+from rlx.training.distributed import free_port
+
+
+class Worker:
+    def __init__(self, config: RLTrainerConfig, project: str, rank: int, world_size: int):
+        os.chdir(project)  # the run's paths are relative to the project, as in the driver
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.engines = Engines(config, replay)
+
+    def where(self) -> dict:
+        """Where this worker runs, for messages, and an address on its node for the group's rendezvous."""
+        import ray
+
+        return {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
+
+    def rendezvous_port(self) -> int:
+        return free_port()
+
+    def join(self, master_addr: str, master_port: int) -> None:
+        """The torch.distributed rendezvous DeepSpeed reads when this rank's trainer starts (NCCL on GPUs,
+        gloo on CPU): this worker is one rank of a launched world (rlx.training.distributed.launched)."""
+        os.environ.update(
+            RANK=str(self.rank),
+            LOCAL_RANK="0",  # Ray gives each worker its own devices: its GPU is cuda:0
+            WORLD_SIZE=str(self.world_size),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
+
+    def run(self, name: str, step: int, **given) -> dict:
+        """Stage ``name`` of ``step`` on this rank, its RNGs seeded as the one-process run seeds them."""
+        reseed(self.config, name, step)
+        return module(name).run(self.config, step, RunLayout(self.config.work_dir).step(step), self.engines, **given)
+
+    def write_policy(self, step: int, folder, mark: dict | None):
+        """Rank 0 writes step ``step``'s policy; every rank first makes sure it holds it (a replay is collective)."""
+        self.engines.policy(step)
+        return self.engines.write_policy(step, folder, mark) if self.rank == 0 else None
+
+    def generate(self, step: int, prompt_ids: Sequence[Sequence[int]], params: SampleParams, seed: int):
+        """This worker's share of a rollout or evaluation, sampled from the policy after ``step`` steps."""
+        generations: list[Generation] = self.engines.sampler(step).generate(prompt_ids, params, seed=seed)
+        return generations
