@@ -18,7 +18,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from rlx import config  # noqa: E402
 from rlx.tasks import gsm8k, math500  # noqa: E402
-from rlx.training.distributed import without_rendezvous  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
@@ -163,9 +162,12 @@ def make_project(base: Path, tiny_model) -> Path:
     return project
 
 
+RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # set by this process's DeepSpeed
+
+
 def child_env() -> dict:
     """This process's environment for a child rlx, without the rendezvous of this process's DeepSpeed."""
-    env = without_rendezvous(dict(os.environ))
+    env = {name: value for name, value in os.environ.items() if name not in RENDEZVOUS}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return env
 

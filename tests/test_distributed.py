@@ -1,22 +1,48 @@
-"""Data-parallel training through DeepSpeed's launcher: two CPU ranks over gloo equal one process."""
+"""Several workers on Ray (rlx.workers): two CPU ranks over gloo equal one process, on two simulated
+nodes; a killed worker or a killed driver loses nothing and leaves no Ray process behind.
+
+One small Ray cluster of two nodes (one CPU each, no dashboard) serves the module; the runs that must
+start their own Ray instance (the fault tests) are `rlx fit` processes of their own."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import dvc_status, make_project
+from conftest import PARAMS, child_env, dvc_status, make_project
 from rlx import config as rlx_config
 from rlx.engines import Engines
 from rlx.errors import UserError
-from rlx.run.fit import fit
+from rlx.lineage.record import edit_params
 from rlx.stages import run_stage
 from rlx.stages.train import replay
-from rlx.training import distributed, launcher
+from rlx.store.artifacts import read_rows
+from rlx.training import distributed
+from rlx.workers import cluster, group
+
+ray = pytest.importorskip("ray")
+FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A Ray cluster of two nodes on this machine, each with its own raylet and one CPU."""
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes.add_node(num_cpus=1)
+    nodes.wait_for_nodes()
+    yield nodes.address
+    nodes.shutdown()
 
 
 def test_deal_gives_every_rank_the_same_number_of_micro_batches():
@@ -27,65 +53,78 @@ def test_deal_gives_every_rank_the_same_number_of_micro_batches():
     assert distributed.deal(["a"], 4, 3) == ["a"]
 
 
-def test_hostfile_slots_are_counted_and_bad_lines_named(tmp_path):
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("# two nodes\nnode-a slots=8\nnode-b slots=4  # smaller\n\n")
-    assert launcher.hostfile_slots(hostfile) == 12
-    hostfile.write_text("node-a slots=8\nnode-b\n")
-    with pytest.raises(UserError, match=r"hostfile .*, line 2: expected 'HOST slots=N', got 'node-b'"):
-        launcher.hostfile_slots(hostfile)
-    with pytest.raises(UserError, match="no such file"):
-        launcher.hostfile_slots(tmp_path / "missing")
+def test_prompts_are_dealt_in_whole_groups_of_about_equal_work():
+    groups = [[1, 2]] * 4 + [[3] * 10] * 4 + [[4]] * 4  # three groups of four samples, of uneven length
+    assert group.shares(groups, 2, 1) == [(0, 12)]
+    assert group.shares(groups, 2, 2) == [(0, 4), (4, 12)] or group.shares(groups, 2, 2) == [(0, 8), (8, 12)]
+    assert group.shares(groups, 2, 3) == [(0, 4), (4, 8), (8, 12)]
+    assert group.shares(groups, 2, 5)[-1][1] == 12  # more engines than groups: some get nothing
+    assert all(start in (0, 4, 8, 12) for start, _ in group.shares(groups, 2, 5))
 
 
-def test_launch_command_uses_deepspeed_on_this_host_or_the_hostfile(tmp_path):
-    local = launcher.launch_command(2, None, 29999, ["train", "c.yaml", "1", "r.json"])
-    assert local[0].endswith("deepspeed") and local[1:3] == ["--num_gpus", "2"]
-    assert local[-6:] == ["--module", "rlx.run.rank", "train", "c.yaml", "1", "r.json"]
-    remote = launcher.launch_command(16, tmp_path / "hosts", 29999, ["train"])
-    assert remote[1:3] == ["--hostfile", str(tmp_path / "hosts")]
+def test_a_request_the_cluster_cannot_hold_is_named():
+    config = rlx_config.load(
+        PARAMS, ["resources.num_workers=4", "resources.num_cpus_per_worker=2", "resources.accelerator=GPU"]
+    )
+    problem = cluster.shortfall(cluster.wanted(config), {"CPU": 2.0, "memory": 64 * 2**30})
+    assert problem.startswith("8 CPU (resources.num_cpus_per_worker x num_workers) but the cluster has 2")
+    assert "4 GPU (resources.num_accelerators_per_worker x num_workers) but the cluster has 0" in problem
+
+
+def test_without_ray_several_workers_are_refused_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray gives `import ray`
+    with pytest.raises(UserError, match=r"runs the workers on Ray, not installed here: pip install 'ray=="):
+        cluster.import_ray()
 
 
 def rolled_out_project(base, tiny_model):
-    """A project whose step 1 is rolled out and judged, ready for its train stage."""
+    """A project whose step 1 is prepared (one process), ready for its rollout."""
     base.mkdir()
     project = make_project(base, tiny_model)
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml")
         engines = Engines(config, replay)
-        for name in ("base", "prepare", "rollout", "judge"):
-            run_stage(name, config, 1, engines)
+        for name in ("base", "checkpoint", "prepare"):
+            run_stage(name, config, 0 if name == "checkpoint" else 1, engines)
     return project
 
 
-def train_step_one(project, *overrides):
-    """Step 1's update, then its checkpoint (the ranks of a launch write it themselves)."""
+def roll_out_and_train(project, *overrides):
+    """Step 1's rollout, judge, update and checkpoint, in one process or on the workers ``overrides`` ask for."""
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml", [*overrides, "checkpoint_interval=1"])
-        engines = Engines(config, replay)
-        metrics = run_stage("train", config, 1, engines)
-        run_stage("checkpoint", config, 1, engines)
-        weights = load_file(project / "runs/demo/step-1/policy/model.safetensors")
-    return metrics, weights
+        with group.warm_engines(config) as engines:
+            places = engines.workers.places if engines.workers else []
+            metrics = {
+                name: run_stage(name, config, 1, engines) for name in ("rollout", "judge", "train", "checkpoint")
+            }
+    rollouts = read_rows(project / "runs/demo/step-1/rollouts.parquet")
+    return metrics["train"], load_file(project / "runs/demo/step-1/policy/model.safetensors"), rollouts, places
 
 
-def test_two_ranks_end_identical_and_equal_one_process(tmp_path, tiny_model):
-    """Same global batch, same loss and the same update whether one process or two ranks train it
-    (up to float summation order); the ranks check among themselves that their weights are identical."""
+def test_two_workers_on_two_nodes_sample_and_train_as_one_process(tmp_path, tiny_model, two_nodes):
+    """Prompts dealt to two engines sample the same responses as one engine; the same global batch gives
+    the same loss and update on two ranks as in one process (up to float summation order)."""
     one = rolled_out_project(tmp_path / "one", tiny_model)
     two = tmp_path / "two"
     shutil.copytree(one, two)
     # mini-batches of 2 micro-batches each, so each rank gets real work
     overrides = ["train_worker_cfg.pack_max_length=256", "train_worker_cfg.optimizer_steps=2"]
-    single, single_weights = train_step_one(one, *overrides)
-    double, double_weights = train_step_one(two, *overrides, "resources.num_workers=2")
+    single, single_weights, single_rollouts, _ = roll_out_and_train(one, *overrides)
+    workers = [
+        f"resources.ray_address={two_nodes}",
+        "resources.num_workers=2",
+        "resources.pg_pack_strategy=STRICT_SPREAD",
+    ]
+    double, double_weights, double_rollouts, places = roll_out_and_train(two, *overrides, *workers)
 
+    assert len({place["node_id"] for place in places}) == 2  # one worker on each node
+    assert [r["response_ids"] for r in double_rollouts] == [r["response_ids"] for r in single_rollouts]
     assert single["train/world_size"] == 1 and double["train/world_size"] == 2
     assert double["train/rank_weight_spread"] == 0.0
     clip = [f"train/clipfrac{part}" for part in ("", "_low", "_high", "_dual")]
     for name in ("train/loss", "train/pg_loss", "train/entropy", *clip, "mismatch/k3_kl"):
         assert double[name] == pytest.approx(single[name], rel=1e-5, abs=1e-7), name
-    assert single_weights.keys() == double_weights.keys()
     changed = 0
     for name, tensor in single_weights.items():
         torch.testing.assert_close(double_weights[name], tensor, rtol=1e-5, atol=1e-6)
@@ -94,11 +133,50 @@ def test_two_ranks_end_identical_and_equal_one_process(tmp_path, tiny_model):
     assert (two / "runs/demo/step-1/trainer_state/state/zero_pp_rank_1_mp_rank_00_optim_states.pt").is_file()
 
 
-def test_fit_with_two_workers_resumes_their_sharded_state(tmp_path, tiny_model):
-    """`rlx fit` launches the ranks every step (the optimizer state of step N, sharded over two
-    ranks, is what step N+1's ranks load) and leaves the pipeline clean."""
-    project = make_project(tmp_path, tiny_model)
-    history = fit(project / "params.yaml", ["resources.num_workers=2", "rollout_steps=2"])
-    assert [m["train/world_size"] for m in history] == [2, 2]
-    assert all(m["train/rank_weight_spread"] == 0.0 for m in history)
-    assert dvc_status(project) == {}
+def fit(project: Path, fault: str | None = None, *overrides: str) -> subprocess.CompletedProcess:
+    env = child_env() | ({"RLX_FAULT": fault} if fault else {})
+    return subprocess.run([*FIT, *overrides], cwd=project, env=env, capture_output=True, text=True)
+
+
+def processes_of_instances_started_by(pid: int | str = "") -> list[int]:
+    """Live processes carrying the mark of a Ray instance that process ``pid`` (any, by default) started
+    (rlx.workers.cluster)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and f"{cluster.MARK}={pid}".encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+def final_policy(project: Path) -> bytes:
+    return (project / f"runs/demo/step-{STEPS}/policy/model.safetensors").read_bytes()
+
+
+def test_a_killed_worker_and_a_killed_driver_lose_nothing_and_leave_no_ray_behind(tmp_path, tiny_model, two_nodes):
+    """Two workers, three steps. A worker killed in step 2's update stops the run in one line naming it;
+    the driver killed in step 3 leaves no process of the Ray instance it started; the rerun (joining a
+    running cluster) ends bitwise where an uninterrupted run ends, and the pipeline is clean."""
+    base = make_project(tmp_path / "a", tiny_model)
+    edit_params(base / "params.yaml", [f"rollout_steps={STEPS}", "wandb.enabled=false", "resources.num_workers=2"])
+    interrupted = Path(shutil.copytree(base, tmp_path / "b" / "project", symlinks=True))
+    local = ["-S", "resources.num_cpus_per_worker=0.5", "-S", "resources.cpu_memory_per_worker=0"]
+    joined = ["-S", f"resources.ray_address={two_nodes}"]
+
+    worker_killed = fit(interrupted, "train.optimizer_step@2", *local)
+    assert worker_killed.returncode == 2, worker_killed.stderr[-3000:]
+    assert "died during stage train of step 2; rerun `rlx fit` to resume" in worker_killed.stderr
+    driver = subprocess.Popen(
+        [*FIT, *local], cwd=interrupted, env=child_env() | {"RLX_FAULT": "judge.start"}, stderr=subprocess.PIPE
+    )
+    assert driver.wait(timeout=600) == -9, driver.stderr.read()[-3000:]
+    deadline = time.monotonic() + 30
+    while processes_of_instances_started_by(f"{driver.pid}-") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_of_instances_started_by(f"{driver.pid}-") == []
+
+    assert fit(interrupted, None, *joined).returncode == 0
+    assert fit(base, None, *joined).returncode == 0
+    assert final_policy(interrupted) == final_policy(base)
+    assert dvc_status(interrupted) == {}
+    assert processes_of_instances_started_by() == []  # nor did the run whose worker was killed

@@ -29,7 +29,13 @@ class Worker:
         """Where this worker runs, for messages, and an address on its node for the group's rendezvous."""
         import ray
 
-        return {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
+        node_id = ray.get_runtime_context().get_node_id()
+        return {
+            "node": ray.util.get_node_ip_address(),
+            "node_id": node_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
 
     def rendezvous_port(self) -> int:
         return free_port()
