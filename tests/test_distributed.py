@@ -157,6 +157,7 @@ def test_a_killed_worker_and_a_killed_driver_lose_nothing_and_leave_no_ray_behin
     """Two workers, three steps. A worker killed in step 2's update stops the run in one line naming it;
     the driver killed in step 3 leaves no process of the Ray instance it started; the rerun (joining a
     running cluster) ends bitwise where an uninterrupted run ends, and the pipeline is clean."""
+    (tmp_path / "a").mkdir()
     base = make_project(tmp_path / "a", tiny_model)
     edit_params(base / "params.yaml", [f"rollout_steps={STEPS}", "wandb.enabled=false", "resources.num_workers=2"])
     interrupted = Path(shutil.copytree(base, tmp_path / "b" / "project", symlinks=True))

@@ -25,8 +25,13 @@ from rlx.store.artifacts import remove_temporaries, write_text
 from rlx.store.layout import STAGES, RunLayout
 from rlx.tasks.data import PromptPool, load_rows
 
-# Fields a resumed run may change: they decide what is logged or kept, never what a step computes.
-CHANGEABLE_ON_RESUME = {"auto_resume", "wandb", "exp_tracker", "debug_rollout", "checkpoint_maxkeep", "hf_max_keep"}
+# Fields a resumed run may change: they decide what is logged or kept, or where the workers run (a run
+# may resume on another cluster), never what a step computes (the number of workers does: it stays).
+CHANGEABLE_ON_RESUME = {
+    *("auto_resume", "wandb", "exp_tracker", "debug_rollout", "checkpoint_maxkeep", "hf_max_keep"),
+    *("resources.ray_address", "resources.num_cpus_per_worker", "resources.cpu_memory_per_worker"),
+    "resources.pg_pack_strategy",
+}
 CONVERTED_SETS = [Path("data/gsm8k/train.parquet"), Path("data/gsm8k/test.parquet"), Path("data/math500/test.parquet")]
 
 
@@ -252,6 +257,11 @@ def record_configuration(config: RLTrainerConfig, keep: bool = False) -> None:
         write_text(to_yaml(config.model_copy(update={"run": RunPointer()})), layout.config)
 
 
+def changeable(path: str) -> bool:
+    """Whether the config field at ``path`` (``a.b.c``) lies in one a resumed run may change."""
+    return any(path == field or path.startswith(f"{field}.") for field in CHANGEABLE_ON_RESUME)
+
+
 def check_unchanged(config: RLTrainerConfig, layout: RunLayout) -> None:
     """A resumed run's configuration equals the one its steps were made with (config.yaml, written
     when it started): otherwise the new values would be recorded while a restored optimizer state, or
@@ -260,9 +270,7 @@ def check_unchanged(config: RLTrainerConfig, layout: RunLayout) -> None:
         return  # nothing made yet
     recorded = yaml.safe_load(layout.config.read_text()) or {}
     current = config.model_copy(update={"run": RunPointer()}).model_dump(mode="json")
-    changed = [
-        line for line in differences(recorded, current) if line.split(".")[0].split(":")[0] not in CHANGEABLE_ON_RESUME
-    ]
+    changed = [line for line in differences(recorded, current) if not changeable(line.split(":")[0])]
     if changed:
         raise UserError(
             f"work_dir {config.work_dir} holds a run made with another configuration ({layout.config}): "

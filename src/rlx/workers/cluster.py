@@ -67,7 +67,8 @@ def ray_instance(config: RLTrainerConfig) -> Iterator[object]:
     address = config.resources.ray_address
     reaper = None if address else start_reaper()
     try:
-        ray.init(address=address, include_dashboard=False, configure_logging=False)
+        # "local": a new instance even where `ray start` left one running (plain None would join it)
+        ray.init(address=address or "local", include_dashboard=False, configure_logging=False)
         os.environ.pop(MARK, None)  # the instance's processes carry it; the driver's later children need not
         if problem := shortfall(wanted(config), ray.cluster_resources()):
             raise UserError(f"resources: the workers ask for {problem}")
