@@ -73,7 +73,9 @@ def test_a_request_the_cluster_cannot_hold_is_named():
 
 def test_without_ray_several_workers_are_refused_with_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray gives `import ray`
-    with pytest.raises(UserError, match=r"runs the workers on Ray, not installed here: pip install 'ray=="):
+    with pytest.raises(
+        UserError, match=r"^resources: workers on Ray, and Ray is not installed here: pip install 'ray=="
+    ):
         cluster.import_ray()
 
 

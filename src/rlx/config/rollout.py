@@ -46,8 +46,14 @@ class AcceleratorResourcesConfig(Section):
     ray_address: str | None = Field(
         None,
         description="rlx addition: the Ray cluster the workers join ('auto': the one `ray start` made on this "
-        "node, or HOST:PORT). null: rlx starts a Ray instance on this machine for the run and stops it after.",
+        "node, or HOST:PORT), also for one worker. null: with num_workers > 1 rlx starts a Ray instance on this "
+        "machine for the run and stops it after; with 1, everything runs in the `rlx fit` process.",
     )
+
+    @property
+    def on_ray(self) -> bool:
+        """Whether the run's workers are Ray actors (rlx.workers) rather than the `rlx fit` process itself."""
+        return self.num_workers > 1 or self.ray_address is not None
 
 
 MAX_GROUP = 1024  # responses to one prompt: 16x the largest group in use (GRPO's 64)

@@ -103,6 +103,8 @@ def run_step(config: RLTrainerConfig, step: int, total: int, engines: Engines, c
         else:
             metrics.update(run_stage(name, config, step, engines))
     metrics["time/replay"] = engines.replay_seconds
+    if engines.workers is not None:
+        metrics.update(engines.workers.take_counters())
     return metrics
 
 

@@ -70,7 +70,7 @@ def check_setup(config: RLTrainerConfig) -> None:
             "train_worker_cfg.deepspeed.zero_stage 3 with resources.num_workers > 1: each worker samples from its "
             "trainer's module, which ZeRO-3 partitions across the workers; use zero_stage 2 (or 1 worker)"
         )
-    if resources.accelerator == "GPU" and not cuda and resources.num_workers == 1:
+    if resources.accelerator == "GPU" and not cuda and not resources.on_ray:
         raise UserError("resources.accelerator 'GPU': torch sees no CUDA device here; set it to 'CPU' or run on a GPU")
     if resources.accelerator == "CPU" and cuda:
         warnings.warn(

@@ -39,7 +39,7 @@ def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
 def written_in_background(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
     """Whether `rlx fit` writes step ``step``'s checkpoint from a copy in a background thread: it is due
     and the trainer is this process's (several workers each write their own shard, rlx.workers)."""
-    return is_due(config, step, total_steps) and config.resources.num_workers == 1
+    return is_due(config, step, total_steps) and not config.resources.on_ray
 
 
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=None) -> dict:

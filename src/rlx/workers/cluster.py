@@ -32,7 +32,7 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise UserError(f"resources.num_workers > 1 runs the workers on Ray, not installed here: {INSTALL}") from None
+        raise UserError(f"resources: workers on Ray, and Ray is not installed here: {INSTALL}") from None
     return ray
 
 

@@ -12,6 +12,7 @@ prompt ids and generations: O(rollouts) bytes a step, never the weights.
 from __future__ import annotations
 
 import contextlib
+import pickle
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -23,12 +24,13 @@ from rlx.workers.cluster import ray_instance
 from rlx.workers.worker import Worker
 
 PLACEMENT_SECONDS = 120  # how long Ray may take to find room for the bundles before rlx gives up
+COUNTERS = ("time/workers", "perf/driver_worker_bytes")  # what a step logs of its workers (take_counters)
 
 
 @contextlib.contextmanager
 def warm_engines(config: RLTrainerConfig) -> Iterator[Engines]:
     """What stays warm for a run: one worker in this process, or a group of them on Ray, stopped after."""
-    if config.resources.num_workers == 1:
+    if not config.resources.on_ray:
         yield Engines(config, replay)
         return
     with ray_instance(config) as ray:
@@ -95,6 +97,7 @@ class WorkerGroup:
             ).remote(config, str(Path.cwd()), rank, count)
             for rank in range(count)
         ]
+        self.counters = dict.fromkeys(COUNTERS, 0.0)
         self.places = [{"node": "not yet known", "pid": "not yet known"}] * count  # until they answer
         self.places = self.call("where", what="start-up")
         port = ray.get(self.actors[0].rendezvous_port.remote())
@@ -107,13 +110,16 @@ class WorkerGroup:
     def call_each(self, method: str, arguments: list[tuple], what: str) -> list:
         """``method`` on every worker, worker ``r`` given ``arguments[r]``; their results in rank order.
         The first failure ends the wait (the others may be blocked in a collective with the failed one)."""
-        pending = [getattr(actor, method).remote(*args) for actor, args in zip(self.actors, arguments, strict=True)]
+        pending = [actor.timed.remote(method, *args) for actor, args in zip(self.actors, arguments, strict=True)]
         ranks = {ref: rank for rank, ref in enumerate(pending)}
-        results = {}
+        timed = {}
         while pending:
             ready, pending = self.ray.wait(pending, num_returns=1)
-            results[ranks[ready[0]]] = self.checked_result(ready[0], ranks[ready[0]], what)
-        return [results[rank] for rank in range(len(self.actors))]
+            timed[ranks[ready[0]]] = self.checked_result(ready[0], ranks[ready[0]], what)
+        results = [timed[rank][0] for rank in range(len(self.actors))]
+        self.counters["time/workers"] += max(seconds for _, seconds in timed.values())
+        self.counters["perf/driver_worker_bytes"] += len(pickle.dumps((arguments, results)))
+        return results
 
     def checked_result(self, ref, rank: int, what: str):
         """A worker's result, its own UserError passed on as is, its death said in one line."""
@@ -128,6 +134,12 @@ class WorkerGroup:
             raise UserError(
                 f"{self.described(rank)} died during {what}; rerun `rlx fit` to resume from the last complete step"
             ) from None
+
+    def take_counters(self) -> dict[str, float]:
+        """Since the last call: the seconds of the slowest worker of each call, and the bytes of the calls'
+        arguments and results (what crosses between driver and workers: never the weights)."""
+        counters, self.counters = self.counters, dict.fromkeys(COUNTERS, 0.0)
+        return counters
 
     def call(self, method: str, *args, what: str) -> list:
         return self.call_each(method, [args] * len(self.actors), what)

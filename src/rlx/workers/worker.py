@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Sequence
 
 from rlx.config import RLTrainerConfig, SampleParams
@@ -24,6 +25,12 @@ class Worker:
         os.chdir(project)  # the run's paths are relative to the project, as in the driver
         self.config, self.rank, self.world_size = config, rank, world_size
         self.engines = Engines(config, replay)
+
+    def timed(self, method: str, *args) -> tuple[object, float]:
+        """``method(*args)`` and the seconds it took here: the driver tells the workers' time from its own."""
+        started = time.perf_counter()
+        result = getattr(self, method)(*args)
+        return result, time.perf_counter() - started
 
     def where(self) -> dict:
         """Where this worker runs, for messages, and an address on its node for the group's rendezvous."""
