@@ -44,6 +44,22 @@ def test_transformers_sampler_is_reproducible_and_complete(model_and_tokenizer):
         assert out.finish_reason in {"stop", "length"}
 
 
+def test_a_response_depends_on_its_prompt_and_seed_not_on_the_rows_beside_it(model_and_tokenizer):
+    """Row ``i`` samples from seed ``seed + i`` alone: dealing prompts to several engines, each given the
+    seed of its first row, samples what one engine samples (rlx.workers.group.GroupSampler)."""
+    _, model, tokenizer = model_and_tokenizer
+    params = SampleParams(max_tokens=12, temperature=1.0)
+    ids = [p for p in prompts(tokenizer, 3) for _ in range(3)]  # three groups of three
+    whole = TransformersSampler(model, tokenizer, RolloutConfig(rollout_max_batch_size=9)).generate(ids, params, seed=5)
+    small = TransformersSampler(model, tokenizer, RolloutConfig(rollout_max_batch_size=2))
+    dealt = small.generate(ids[:4], params, seed=5) + small.generate(ids[4:], params, seed=5 + 4)
+    assert [g.response_ids for g in dealt] == [g.response_ids for g in whole]
+    assert len({tuple(g.response_ids) for g in whole}) > 3  # the samples of a group differ
+    top_1 = SampleParams(max_tokens=12, temperature=1.0, top_k=1)  # the warpers act before the draw
+    greedy = SampleParams(max_tokens=12, temperature=0.0)
+    assert small.generate(ids, top_1, seed=1) == small.generate(ids, greedy, seed=2)
+
+
 def test_lmdeploy_request_mirrors_the_transformers_sampling(model_and_tokenizer):
     _, _, tokenizer = model_and_tokenizer
     params = SampleParams(max_tokens=20, min_tokens=2, temperature=0.7, top_p=0.9, top_k=5, stop_token_ids=[7])
