@@ -105,8 +105,9 @@ def roll_out_and_train(project, *overrides):
 
 
 def test_two_workers_on_two_nodes_sample_and_train_as_one_process(tmp_path, tiny_model, two_nodes):
-    """Prompts dealt to two engines sample the same responses as one engine; the same global batch gives
-    the same loss and update on two ranks as in one process (up to float summation order)."""
+    """Prompts dealt to two engines sample the same responses as one engine; two judge actors give the
+    verdicts the driver gives; the same global batch gives the same loss and update on two ranks as in
+    one process (up to float summation order)."""
     one = rolled_out_project(tmp_path / "one", tiny_model)
     two = tmp_path / "two"
     shutil.copytree(one, two)
@@ -117,8 +118,11 @@ def test_two_workers_on_two_nodes_sample_and_train_as_one_process(tmp_path, tiny
         f"resources.ray_address={two_nodes}",
         "resources.num_workers=2",
         "resources.pg_pack_strategy=STRICT_SPREAD",
+        "resources.num_cpus_per_worker=0.5",
+        "cpu_resources={num_workers: 2, num_cpus_per_worker: 0.5}",  # and the judging in two CPU actors
     ]
     double, double_weights, double_rollouts, places = roll_out_and_train(two, *overrides, *workers)
+    assert read_rows(two / "runs/demo/step-1/judged.parquet") == read_rows(one / "runs/demo/step-1/judged.parquet")
 
     assert len({place["node_id"] for place in places}) == 2  # one worker on each node
     assert [r["response_ids"] for r in double_rollouts] == [r["response_ids"] for r in single_rollouts]

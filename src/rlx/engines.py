@@ -39,12 +39,11 @@ def has_optimizer_state(paths) -> bool:
 
 
 class Engines:
-    def __init__(self, config: RLTrainerConfig, replay: Callable | None = None, workers=None):
+    def __init__(self, config: RLTrainerConfig, replay: Callable | None = None, workers=None, judges=None):
         self.config = config
         self.replay = replay  # (config, trainer, steps, engines): the train stage's replay of recorded updates
-        self.workers = (
-            workers  # several workers (rlx.workers.group.WorkerGroup): they hold the policy, not this process
-        )
+        self.workers = workers  # a rlx.workers.group.WorkerGroup: several workers, which hold the policy
+        self.judges = judges  # a rlx.workers.judges.JudgePool: with cpu_resources, they judge
         self.layout = RunLayout(config.work_dir)
         self._trainer: PolicyTrainer | None = None
         self._trainer_step: int | None = None

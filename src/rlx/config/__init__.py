@@ -17,7 +17,13 @@ from rlx.config.fields import ConfigError, Section, unsupported_reason
 from rlx.config.judging import JudgerConfig, JudgerItemConfig, OverlongBufferConfig
 from rlx.config.loading import apply_override, json_schema, load, preset_overrides, read_yaml, to_yaml
 from rlx.config.project import SyntheticTaskConfig, TinyModelConfig
-from rlx.config.rollout import AcceleratorResourcesConfig, DataFlowConfig, RolloutConfig, SampleParams
+from rlx.config.rollout import (
+    AcceleratorResourcesConfig,
+    CPUResourcesConfig,
+    DataFlowConfig,
+    RolloutConfig,
+    SampleParams,
+)
 from rlx.config.trainer import LoadCheckpointConfig, RLTrainerConfig, RunPointer, WandbConfig
 from rlx.config.training import (
     AdamWConfig,
@@ -33,7 +39,8 @@ from rlx.config.training import (
 )
 
 __all__ = [
-    "AcceleratorResourcesConfig", "AdamWConfig", "AdvantageEstimatorConfig", "ConfigError", "DataFlowConfig",
+    "AcceleratorResourcesConfig", "AdamWConfig", "AdvantageEstimatorConfig", "ConfigError", "CPUResourcesConfig",
+    "DataFlowConfig",
     "DatasetConfig", "DeepSpeedConfig", "EvalDatasetConfig", "EvaluatorConfig", "JudgerConfig", "JudgerItemConfig",
     "KLControlConfig", "LRConfig", "LoadCheckpointConfig", "LoraConfig", "LossConfig", "OverlongBufferConfig",
     "PolicyLossConfig", "RLTrainerConfig", "ReplayBufferConfig", "RolloutConfig", "RolloutCorrectionConfig",

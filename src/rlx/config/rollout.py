@@ -56,6 +56,19 @@ class AcceleratorResourcesConfig(Section):
         return self.num_workers > 1 or self.ray_address is not None
 
 
+class CPUResourcesConfig(Section):
+    """CPU actors that judge the rollouts (XTuner ``CPUResourcesConfig``): the judge stage deals a step's
+    responses out to ``num_workers`` Ray actors, for judgers too slow for one process (math-verify's
+    symbolic checks, a code sandbox)."""
+
+    num_workers: int = Field(1, gt=0, description="Judge actors, kept for the run.")
+    num_cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per judge actor.")
+    cpu_memory_per_worker: int = Field(0, ge=0, description="Host memory in bytes reserved per judge actor; 0: none.")
+    pg_pack_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "SPREAD", description="How Ray places the judge actors' bundles on nodes."
+    )
+
+
 MAX_GROUP = 1024  # responses to one prompt: 16x the largest group in use (GRPO's 64)
 
 

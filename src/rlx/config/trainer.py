@@ -15,7 +15,7 @@ from rlx.config.evaluation import EvaluatorConfig
 from rlx.config.fields import Section, unsupported
 from rlx.config.judging import JudgerConfig
 from rlx.config.project import SyntheticTaskConfig, TinyModelConfig
-from rlx.config.rollout import AcceleratorResourcesConfig, DataFlowConfig, RolloutConfig
+from rlx.config.rollout import AcceleratorResourcesConfig, CPUResourcesConfig, DataFlowConfig, RolloutConfig
 from rlx.config.training import AdvantageEstimatorConfig, WorkerConfig
 
 LOAD_CHECKPOINT = "rlx resumes a run from its own work_dir (auto_resume) and starts from load_from; to start from "
@@ -94,6 +94,9 @@ class RLTrainerConfig(Section):
         False, description="`rlx fit` prepares, rolls out and judges the next step, prints its metrics and stops."
     )
     resources: AcceleratorResourcesConfig = Field(default_factory=AcceleratorResourcesConfig)
+    cpu_resources: CPUResourcesConfig | None = Field(
+        None, description="Judge the rollouts in Ray CPU actors (XTuner's field); null: in the `rlx fit` process."
+    )
     rollout_config: RolloutConfig = Field(default_factory=RolloutConfig)
     dataflow_config: DataFlowConfig = Field(default_factory=DataFlowConfig)
     judger_config: JudgerConfig = Field(default_factory=JudgerConfig)

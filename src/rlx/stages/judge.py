@@ -22,6 +22,8 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     rollouts = read_rows(paths.checked(paths.rollouts))
     if VERDICT in rollouts[0]:  # judged already, by the filter that kept these groups
         judged = [row.pop(VERDICT) for row in rollouts]
+    elif engines.judges is not None:  # cpu_resources: the same judging in CPU actors (rlx.workers.judges)
+        judged = engines.judges.judge(rollouts)
     else:
         judged = judge_rollouts(config, Panel(config.judger_config), rollouts)
     rows = [

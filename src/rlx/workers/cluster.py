@@ -37,14 +37,17 @@ def import_ray():
 
 
 def wanted(config: RLTrainerConfig) -> dict[str, float]:
-    """What the workers reserve in all, in Ray's resource names (memory in bytes)."""
-    resources = config.resources
-    total = {"CPU": resources.num_cpus_per_worker * resources.num_workers}
-    if resources.accelerator == "GPU":
-        total["GPU"] = resources.num_accelerators_per_worker * resources.num_workers
-    if resources.cpu_memory_per_worker:
-        total["memory"] = float(resources.cpu_memory_per_worker * resources.num_workers)
-    return total
+    """What the workers and the judge actors reserve in all, in Ray's resource names (memory in bytes)."""
+    resources, judges = config.resources, config.cpu_resources
+    total = {"CPU": 0.0, "GPU": 0.0, "memory": 0.0}
+    if resources.on_ray:
+        total["CPU"] += resources.num_cpus_per_worker * resources.num_workers
+        total["GPU"] += resources.num_accelerators_per_worker * resources.num_workers * (resources.accelerator == "GPU")
+        total["memory"] += resources.cpu_memory_per_worker * resources.num_workers
+    if judges:
+        total["CPU"] += judges.num_cpus_per_worker * judges.num_workers
+        total["memory"] += judges.cpu_memory_per_worker * judges.num_workers
+    return {name: float(amount) for name, amount in total.items() if amount}
 
 
 def shortfall(asked: dict[str, float], present: dict[str, float]) -> str | None:
@@ -71,7 +74,8 @@ def ray_instance(config: RLTrainerConfig) -> Iterator[object]:
         ray.init(address=address or "local", include_dashboard=False, configure_logging=False)
         os.environ.pop(MARK, None)  # the instance's processes carry it; the driver's later children need not
         if problem := shortfall(wanted(config), ray.cluster_resources()):
-            raise UserError(f"resources: the workers ask for {problem}")
+            judges = ", with cpu_resources' judge actors" if config.cpu_resources else ""
+            raise UserError(f"resources: the workers{judges} ask for {problem}")
         yield ray
     finally:
         ray.shutdown()

@@ -7,8 +7,6 @@ files, which every node must see (a shared filesystem, as for XTuner's ``work_di
 from __future__ import annotations
 
 import os
-import socket
-import time
 from collections.abc import Sequence
 
 from rlx.config import RLTrainerConfig, SampleParams
@@ -18,31 +16,14 @@ from rlx.stages import module, reseed
 from rlx.stages.train import replay
 from rlx.store.layout import RunLayout
 from rlx.training.distributed import free_port
+from rlx.workers.actors import Actor
 
 
-class Worker:
+class Worker(Actor):
     def __init__(self, config: RLTrainerConfig, project: str, rank: int, world_size: int):
         os.chdir(project)  # the run's paths are relative to the project, as in the driver
         self.config, self.rank, self.world_size = config, rank, world_size
         self.engines = Engines(config, replay)
-
-    def timed(self, method: str, *args) -> tuple[object, float]:
-        """``method(*args)`` and the seconds it took here: the driver tells the workers' time from its own."""
-        started = time.perf_counter()
-        result = getattr(self, method)(*args)
-        return result, time.perf_counter() - started
-
-    def where(self) -> dict:
-        """Where this worker runs, for messages, and an address on its node for the group's rendezvous."""
-        import ray
-
-        node_id = ray.get_runtime_context().get_node_id()
-        return {
-            "node": ray.util.get_node_ip_address(),
-            "node_id": node_id,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-        }
 
     def rendezvous_port(self) -> int:
         return free_port()

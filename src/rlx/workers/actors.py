@@ -1,0 +1,112 @@
+"""A set of Ray actors in one placement group, called all at once: what the worker group and the judge
+actors share. A call fails fast, naming the actor, its node and its pid, when one of them fails or dies."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import time
+from collections.abc import Callable
+
+from rlx.errors import UserError
+
+PLACEMENT_SECONDS = 120  # how long Ray may take to find room for the bundles before rlx gives up
+
+
+class Actor:
+    """What every rlx actor answers besides its own methods."""
+
+    def timed(self, method: str, *args) -> tuple[object, float]:
+        """``method(*args)`` and the seconds it took here: the driver tells the actors' time from its own."""
+        started = time.perf_counter()
+        result = getattr(self, method)(*args)
+        return result, time.perf_counter() - started
+
+    def where(self) -> dict:
+        """Where this actor runs, for messages and the rendezvous."""
+        import ray
+
+        node = {"node": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id()}
+        return node | {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+class ActorGroup:
+    """``count`` actors of ``kind`` (an :class:`Actor`), each in its own bundle ``reserved`` of one placement
+    group placed by ``strategy``; actor ``r`` is made with ``arguments(r)``. ``name`` names them in messages
+    and in the step's counters (``time/<name>s``: the slowest actor of each call; ``perf/driver_<name>_bytes``)."""
+
+    def __init__(self, ray, kind: type, name: str, reserved: dict, count: int, strategy: str, arguments: Callable):
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.ray, self.name = ray, name
+        self.placement = placement_group([reserved] * count, strategy=strategy)
+        if not ray.wait([self.placement.ready()], timeout=PLACEMENT_SECONDS)[0]:
+            ray.util.remove_placement_group(self.placement)
+            raise UserError(
+                f"resources: Ray found no room for {count} {name}s of {reserved} each, placed {strategy}, "
+                f"in {PLACEMENT_SECONDS} s on {len(ray.nodes())} node(s)"
+            )
+        options = {"num_cpus": reserved["CPU"], "num_gpus": reserved.get("GPU", 0), "max_restarts": 0}
+        options |= {"memory": reserved["memory"]} if "memory" in reserved else {}
+        remote = ray.remote(kind)
+        self.actors = [
+            remote.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
+                **options,
+            ).remote(*arguments(rank))
+            for rank in range(count)
+        ]
+        self.counters = self.zeroed()
+        self.places = [{"node": "not yet known", "pid": "not yet known"}] * count  # until they answer
+        self.places = self.call("where", what="start-up")
+
+    def zeroed(self) -> dict[str, float]:
+        return {f"time/{self.name}s": 0.0, f"perf/driver_{self.name}_bytes": 0.0}
+
+    def described(self, rank: int) -> str:
+        place = self.places[rank]
+        return f"{self.name} {rank} (node {place['node']}, pid {place['pid']})"
+
+    def call_each(self, method: str, arguments: list[tuple], what: str) -> list:
+        """``method`` on every actor, actor ``r`` given ``arguments[r]``; their results in rank order.
+        The first failure ends the wait (the others may be blocked in a collective with the failed one)."""
+        pending = [actor.timed.remote(method, *args) for actor, args in zip(self.actors, arguments, strict=True)]
+        ranks = {ref: rank for rank, ref in enumerate(pending)}
+        timed = {}
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=1)
+            timed[ranks[ready[0]]] = self.checked_result(ready[0], ranks[ready[0]], what)
+        results = [timed[rank][0] for rank in range(len(self.actors))]
+        self.counters[f"time/{self.name}s"] += max(seconds for _, seconds in timed.values())
+        self.counters[f"perf/driver_{self.name}_bytes"] += len(pickle.dumps((arguments, results)))
+        return results
+
+    def checked_result(self, ref, rank: int, what: str):
+        """An actor's result, its own UserError passed on as is, its death said in one line."""
+        exceptions = self.ray.exceptions
+        try:
+            return self.ray.get(ref)
+        except exceptions.RayTaskError as failed:
+            if isinstance(failed.cause, UserError):
+                raise failed.cause from None
+            raise
+        except exceptions.RayActorError:
+            raise UserError(
+                f"{self.described(rank)} died during {what}; rerun `rlx fit` to resume from the last complete step"
+            ) from None
+
+    def call(self, method: str, *args, what: str) -> list:
+        return self.call_each(method, [args] * len(self.actors), what)
+
+    def take_counters(self) -> dict[str, float]:
+        """Since the last call: the seconds of the slowest actor of each call, and the bytes of the calls'
+        arguments and results (what crosses between the driver and the actors)."""
+        counters, self.counters = self.counters, self.zeroed()
+        return counters
+
+    def stop(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.ray.util.remove_placement_group(self.placement)

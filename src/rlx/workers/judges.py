@@ -1,0 +1,35 @@
+"""Judging in CPU actors (``cpu_resources``, XTuner's ``CPUResourcesConfig``): the judge stage deals a
+step's responses out to ``cpu_resources.num_workers`` Ray actors in contiguous shares and gathers their
+verdicts in order, for judgers too slow for one process. Each actor builds its judgers once, as the
+driver would, so a verdict is the one the driver would give (a judger's time limit included)."""
+
+from __future__ import annotations
+
+from rlx.config import RLTrainerConfig
+from rlx.judgers import Panel
+from rlx.judgers.rows import judge_rollouts
+from rlx.workers.actors import Actor, ActorGroup
+
+
+class Judge(Actor):
+    def __init__(self, config: RLTrainerConfig):
+        self.config, self.panel = config, Panel(config.judger_config)
+
+    def judge(self, rollouts: list[dict]) -> list[dict]:
+        return judge_rollouts(self.config, self.panel, rollouts)
+
+
+class JudgePool(ActorGroup):
+    def __init__(self, ray, config: RLTrainerConfig):
+        judges = config.cpu_resources
+        reserved = {"CPU": judges.num_cpus_per_worker}
+        reserved |= {"memory": judges.cpu_memory_per_worker} if judges.cpu_memory_per_worker else {}
+        count, strategy = judges.num_workers, judges.pg_pack_strategy
+        super().__init__(ray, Judge, "judge", reserved, count, strategy, lambda _: (config,))
+
+    def judge(self, rollouts: list[dict]) -> list[dict]:
+        """The judgment columns of ``rollouts``, in order, as rlx.judgers.rows.judge_rollouts gives them."""
+        count = len(self.actors)
+        cuts = [len(rollouts) * part // count for part in range(count + 1)]
+        shares = [(rollouts[start:end],) for start, end in zip(cuts[:-1], cuts[1:], strict=True)]
+        return [verdict for part in self.call_each("judge", shares, what="judging") for verdict in part]
