@@ -71,6 +71,17 @@ def test_a_request_the_cluster_cannot_hold_is_named():
     assert "4 GPU (resources.num_accelerators_per_worker x num_workers) but the cluster has 0" in problem
 
 
+def test_one_worker_imports_no_ray():
+    """The default (`resources.num_workers: 1`, no `ray_address`, no `cpu_resources`) runs in the driver."""
+    script = (
+        "import sys; from rlx.config import load; from rlx.workers.group import warm_engines\n"
+        f"with warm_engines(load({str(PARAMS)!r})) as engines: assert engines.workers is None\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_without_ray_several_workers_are_refused_with_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray gives `import ray`
     with pytest.raises(

@@ -225,8 +225,29 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else float("nan")
 
 
-def figures(measured: dict) -> dict:
+def worker_figures(measured: dict) -> dict:
+    """Several workers (tests/benchmarks/test_workers.py): the demo step's ratio to one process, and by model
+    size the bytes between driver and workers and the driver's own share of a step (issue 28's targets)."""
     found = {}
+    if "workers/demo step" in measured:
+        ratios = measured["workers/demo step"]["ratio_by_round"]
+        found["workers_step"] = {"ratio": statistics.median(ratios), "ratio_by_round": ratios, "target": 1.5}
+    sizes = {name.split("/")[1]: value for name, value in measured.items() if name in ("workers/25M", "workers/200M")}
+    if sizes:
+        found["workers_by_size"] = {
+            size: {
+                "parameters": value["parameters"],
+                "driver_worker_bytes_per_step": statistics.median(value["driver_worker_bytes"]),
+                "orchestration_s": statistics.median(value["orchestration_s"]),
+                "orchestration_target_s": 0.3,
+            }
+            for size, value in sizes.items()
+        }
+    return found
+
+
+def figures(measured: dict) -> dict:
+    found = worker_figures(measured)
     if "step/rlx" in measured and "step/trl" in measured:
         runs = {name: measured[f"step/{name}"] for name in ("rlx", "trl")}
         steps = {name: [s for run in runs[name] for s in run["warm_step_s"]] for name in runs}
