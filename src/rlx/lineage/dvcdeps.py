@@ -24,7 +24,11 @@ from rlx.store.artifacts import write_text
 from rlx.store.layout import STAGES
 
 PACKAGE = Path(__file__).resolve().parents[1]  # src/rlx
-RUNNER = ("rlx.stages", "rlx.engines", "rlx.workers.group")  # what every stage runs in (`rlx stage` starts workers)
+RUNNER = ("rlx.stages", "rlx.engines")  # what every stage runs in
+# What runs a stage's work in Ray actors (several workers; cpu_resources): by module name, as the actors
+# load it. How prompts are dealt to the workers (rlx.workers.group) is no dep: the responses do not depend on it.
+POLICY_STAGES = ("base", "rollout", "evaluate", "train", "checkpoint", "export")
+EXTRA = {**dict.fromkeys(POLICY_STAGES, ("rlx.workers.worker",)), "judge": ("rlx.workers.judges",)}
 DATASETS = {  # the dataset_cfg lists a stage reads
     "base": ("evaluator_config",),
     "prepare": ("replay_buffer_config",),
@@ -75,7 +79,7 @@ def closure(roots) -> set[str]:
 
 def code_files(stage: str) -> set[str]:
     """The source files stage ``stage`` runs, relative to the project (``src/rlx/...``)."""
-    modules = closure([f"rlx.stages.{stage}", *RUNNER])
+    modules = closure([f"rlx.stages.{stage}", *RUNNER, *EXTRA.get(stage, ())])
     return {project_path(module_file(m)) for m in modules}
 
 

@@ -79,7 +79,7 @@ class WorkerGroup(ActorGroup):
     def __init__(self, ray, config: RLTrainerConfig):
         resources, count = config.resources, config.resources.num_workers
         project = str(Path.cwd())
-        arguments = lambda rank: (config, project, rank, count)  # noqa: E731
+        arguments = lambda rank: (config, project, rank, count, replay)  # noqa: E731
         super().__init__(ray, Worker, "worker", bundle(config), count, resources.pg_pack_strategy, arguments)
         port = ray.get(self.actors[0].rendezvous_port.remote())
         self.call("join", self.places[0]["node"], port, what="start-up")

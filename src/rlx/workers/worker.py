@@ -7,23 +7,22 @@ files, which every node must see (a shared filesystem, as for XTuner's ``work_di
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
 from rlx.samplers.types import Generation
 from rlx.stages import module, reseed
-from rlx.stages.train import replay
 from rlx.store.layout import RunLayout
 from rlx.training.distributed import free_port
 from rlx.workers.actors import Actor
 
 
 class Worker(Actor):
-    def __init__(self, config: RLTrainerConfig, project: str, rank: int, world_size: int):
+    def __init__(self, config: RLTrainerConfig, project: str, rank: int, world_size: int, replay: Callable):
         os.chdir(project)  # the run's paths are relative to the project, as in the driver
         self.config, self.rank, self.world_size = config, rank, world_size
-        self.engines = Engines(config, replay)
+        self.engines = Engines(config, replay)  # replay: the train stage's, handed in as the driver's Engines gets it
 
     def rendezvous_port(self) -> int:
         return free_port()
