@@ -186,7 +186,8 @@ def test_each_algorithm_preset_trains_the_demo(preset, tmp_path, tiny_model):
         judged, used = read_rows(layout.step(2).judged), read_rows(layout.step(2).update)
         expected = [j["reward"] - coef * u["kl"] for j, u in zip(judged, used, strict=True)]
         assert [u["reward_used"] for u in used] == pytest.approx(expected)
-        assert history[1]["train/kl_in_reward"] == pytest.approx(sum(u["kl"] for u in used) / len(used))
+        # a float32 mean of terms of both signs against a float64 sum of them: agree to float32's rounding
+        assert history[1]["train/kl_in_reward"] == pytest.approx(sum(u["kl"] for u in used) / len(used), rel=1e-5)
     if config.dataflow_config.enable_dynamic_sampling:
         for step, metrics in enumerate(history, start=1):
             check_dynamic_sampling(config, layout.step(step), metrics)
