@@ -1,3 +1,5 @@
-"""Several workers: with ``resources.num_workers`` above 1, a group of Ray actors started once for the run,
-each a DeepSpeed rank with its own rollout engine (rlx.workers.group); the Ray instance they live in
-(rlx.workers.cluster) and what cleans it up after a killed driver (rlx.workers.reaper)."""
+"""Work in Ray actors: with ``resources.num_workers`` above 1 (or a ``ray_address``), a group of workers
+started once for the run, each a DeepSpeed rank with its own rollout engine (rlx.workers.group,
+rlx.workers.worker); with ``cpu_resources``, judge actors (rlx.workers.judges); what both kinds share
+(rlx.workers.actors); the Ray instance they live in (rlx.workers.cluster) and what cleans it up after a
+killed driver (rlx.workers.reaper)."""
