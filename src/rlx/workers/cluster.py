@@ -36,18 +36,32 @@ def import_ray():
     return ray
 
 
+def reservation(cpus: float, memory: int, gpus: float = 0) -> dict[str, float]:
+    """One actor's bundle in Ray's resource names (memory in bytes); what it does not reserve left out."""
+    return {name: amount for name, amount in {"CPU": cpus, "GPU": gpus, "memory": memory}.items() if amount}
+
+
+def worker_bundle(config: RLTrainerConfig) -> dict[str, float]:
+    resources = config.resources
+    gpus = resources.num_accelerators_per_worker if resources.accelerator == "GPU" else 0
+    return reservation(resources.num_cpus_per_worker, resources.cpu_memory_per_worker, gpus)
+
+
+def judge_bundle(config: RLTrainerConfig) -> dict[str, float]:
+    judges = config.cpu_resources
+    return reservation(judges.num_cpus_per_worker, judges.cpu_memory_per_worker)
+
+
 def wanted(config: RLTrainerConfig) -> dict[str, float]:
-    """What the workers and the judge actors reserve in all, in Ray's resource names (memory in bytes)."""
-    resources, judges = config.resources, config.cpu_resources
-    total = {"CPU": 0.0, "GPU": 0.0, "memory": 0.0}
-    if resources.on_ray:
-        total["CPU"] += resources.num_cpus_per_worker * resources.num_workers
-        total["GPU"] += resources.num_accelerators_per_worker * resources.num_workers * (resources.accelerator == "GPU")
-        total["memory"] += resources.cpu_memory_per_worker * resources.num_workers
-    if judges:
-        total["CPU"] += judges.num_cpus_per_worker * judges.num_workers
-        total["memory"] += judges.cpu_memory_per_worker * judges.num_workers
-    return {name: float(amount) for name, amount in total.items() if amount}
+    """What the workers and the judge actors reserve in all: their bundles times their numbers."""
+    groups = [(worker_bundle(config), config.resources.num_workers)] if config.resources.on_ray else []
+    if config.cpu_resources:
+        groups.append((judge_bundle(config), config.cpu_resources.num_workers))
+    total: dict[str, float] = {}
+    for bundle, count in groups:
+        for name, amount in bundle.items():
+            total[name] = total.get(name, 0) + amount * count
+    return total
 
 
 def shortfall(asked: dict[str, float], present: dict[str, float]) -> str | None:

@@ -19,7 +19,7 @@ from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
 from rlx.stages.train import replay
 from rlx.workers.actors import ActorGroup
-from rlx.workers.cluster import ray_instance
+from rlx.workers.cluster import ray_instance, worker_bundle
 from rlx.workers.judges import JudgePool
 from rlx.workers.worker import Worker
 
@@ -42,17 +42,6 @@ def started_group(stack: contextlib.ExitStack, kind: type[ActorGroup], ray, conf
     group = kind(ray, config)
     stack.callback(group.stop)
     return group
-
-
-def bundle(config: RLTrainerConfig) -> dict[str, float]:
-    """One worker's reservation, in Ray's resource names."""
-    resources = config.resources
-    reserved = {"CPU": resources.num_cpus_per_worker}
-    if resources.accelerator == "GPU":
-        reserved["GPU"] = resources.num_accelerators_per_worker
-    if resources.cpu_memory_per_worker:
-        reserved["memory"] = resources.cpu_memory_per_worker
-    return reserved
 
 
 def shares(prompt_ids: Sequence[Sequence[int]], work_per_prompt: int, count: int) -> list[tuple[int, int]]:
@@ -80,7 +69,7 @@ class WorkerGroup(ActorGroup):
         resources, count = config.resources, config.resources.num_workers
         project = str(Path.cwd())
         arguments = lambda rank: (config, project, rank, count, replay)  # noqa: E731
-        super().__init__(ray, Worker, "worker", bundle(config), count, resources.pg_pack_strategy, arguments)
+        super().__init__(ray, Worker, "worker", worker_bundle(config), count, resources.pg_pack_strategy, arguments)
         port = ray.get(self.actors[0].rendezvous_port.remote())
         self.call("join", self.places[0]["node"], port, what="start-up")
 

@@ -9,6 +9,7 @@ from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
 from rlx.judgers.rows import judge_rollouts
 from rlx.workers.actors import Actor, ActorGroup
+from rlx.workers.cluster import judge_bundle
 
 
 class Judge(Actor):
@@ -22,10 +23,8 @@ class Judge(Actor):
 class JudgePool(ActorGroup):
     def __init__(self, ray, config: RLTrainerConfig):
         judges = config.cpu_resources
-        reserved = {"CPU": judges.num_cpus_per_worker}
-        reserved |= {"memory": judges.cpu_memory_per_worker} if judges.cpu_memory_per_worker else {}
         count, strategy = judges.num_workers, judges.pg_pack_strategy
-        super().__init__(ray, Judge, "judge", reserved, count, strategy, lambda _: (config,))
+        super().__init__(ray, Judge, "judge", judge_bundle(config), count, strategy, lambda _: (config,))
 
     def judge(self, rollouts: list[dict]) -> list[dict]:
         """The judgment columns of ``rollouts``, in order, as rlx.judgers.rows.judge_rollouts gives them."""
