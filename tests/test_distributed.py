@@ -26,7 +26,7 @@ from rlx.stages import run_stage
 from rlx.stages.train import replay
 from rlx.store.artifacts import read_rows
 from rlx.training import distributed
-from rlx.workers import cluster, group
+from rlx.workers import cluster, group, reaper
 
 ray = pytest.importorskip("ray")
 FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
@@ -155,17 +155,6 @@ def fit(project: Path, fault: str | None = None, *overrides: str) -> subprocess.
     return subprocess.run([*FIT, *overrides], cwd=project, env=env, capture_output=True, text=True)
 
 
-def processes_of_instances_started_by(pid: int | str = "") -> list[int]:
-    """Live processes carrying the mark of a Ray instance that process ``pid`` (any, by default) started
-    (rlx.workers.cluster)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and f"{cluster.MARK}={pid}".encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-    return found
-
-
 def final_policy(project: Path) -> bytes:
     return (project / f"runs/demo/step-{STEPS}/policy/model.safetensors").read_bytes()
 
@@ -189,12 +178,12 @@ def test_a_killed_worker_and_a_killed_driver_lose_nothing_and_leave_no_ray_behin
     )
     assert driver.wait(timeout=600) == -9, driver.stderr.read()[-3000:]
     deadline = time.monotonic() + 30
-    while processes_of_instances_started_by(f"{driver.pid}-") and time.monotonic() < deadline:
+    while reaper.marked(f"{driver.pid}-") and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert processes_of_instances_started_by(f"{driver.pid}-") == []
+    assert reaper.marked(f"{driver.pid}-") == []
 
     assert fit(interrupted, None, *joined).returncode == 0
     assert fit(base, None, *joined).returncode == 0
     assert final_policy(interrupted) == final_policy(base)
     assert dvc_status(interrupted) == {}
-    assert processes_of_instances_started_by() == []  # nor did the run whose worker was killed
+    assert reaper.marked("") == []  # nor did the run whose worker was killed

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
+from rlx.workers.reaper import MARK
 
 log = logging.getLogger(__name__)
 
-MARK = "RLX_RAY_INSTANCE"  # the environment variable every process of an instance rlx started carries
 INSTALL = "pip install 'ray==2.58.0'"  # the release rlx's worker group is written and tested against
 
 

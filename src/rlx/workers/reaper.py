@@ -11,16 +11,18 @@ import time
 from pathlib import Path
 
 POLL_SECONDS = 0.5
+MARK = "RLX_RAY_INSTANCE"  # the environment variable every process of an instance rlx started carries
 
 
 def marked(mark: str) -> list[int]:
-    """Processes of this user whose environment holds the mark (others' cannot be read, nor killed)."""
-    needle = f"RLX_RAY_INSTANCE={mark}".encode()
+    """Processes of this user (others' cannot be read, nor killed) whose mark starts with ``mark``: the
+    whole mark names one instance, its driver's ``PID-`` every instance that driver started."""
+    needle = f"{MARK}={mark}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                if any(line.startswith(needle) for line in (entry / "environ").read_bytes().split(b"\0")):
                     found.append(int(entry.name))
             except OSError:  # gone, or not ours
                 continue
