@@ -12,7 +12,7 @@ import shutil
 from rlx.config import RLTrainerConfig
 from rlx.store.artifacts import write_json
 from rlx.store.integrity import file_hash
-from rlx.store.layout import StepPaths
+from rlx.store.layout import StepPaths, step_number
 
 
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
@@ -38,7 +38,7 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
 def prune_exports(layout, keep: int) -> None:
     if keep < 0:
         return
-    exports = sorted(layout.hf_export(0).parent.glob("step-*"), key=lambda p: int(p.name.removeprefix("step-")))
+    exports = sorted(layout.hf_export(0).parent.glob("step-*"), key=step_number)
     for old in exports[: max(0, len(exports) - keep)]:
         shutil.rmtree(old)
 

@@ -60,6 +60,11 @@ def read_record(path: Path) -> dict:
     return record
 
 
+def step_number(folder: Path) -> int:
+    """The step a ``step-N`` folder (a step's, or an HF export's) belongs to."""
+    return int(Path(folder).name.removeprefix("step-"))
+
+
 def _file(name: str) -> property:
     return property(lambda self: self.dir / name, doc=f"``{name}`` in the step's folder")
 
@@ -84,7 +89,7 @@ class StepPaths:
     @property
     def number(self) -> int:
         """The step's number, from its folder's name (``step-N``)."""
-        return int(self.dir.name.removeprefix("step-"))
+        return step_number(self.dir)
 
     @property
     def run(self) -> RunLayout:
@@ -144,7 +149,7 @@ class RunLayout:
 
     def steps_with(self, filename: str) -> list[int]:
         """Steps whose folder holds ``filename``, in order."""
-        found = [int(p.parent.name.removeprefix("step-")) for p in Path(self.work_dir).glob(f"step-*/{filename}")]
+        found = [step_number(p.parent) for p in Path(self.work_dir).glob(f"step-*/{filename}")]
         return sorted(found)
 
     def stage_metrics(self, step: int) -> dict:
@@ -169,7 +174,7 @@ class RunLayout:
         old ones; a damaged one is not a checkpoint until its stage has written it again)."""
         # only steps that wrote weights: a model's config.json, or a LoRA adapter's adapter_config.json
         folders = {path.parent for name in POLICY_MARKS for path in Path(self.work_dir).glob(f"step-*/policy/{name}")}
-        steps = sorted(int(path.parent.name.removeprefix("step-")) for path in folders)
+        steps = sorted(step_number(path.parent) for path in folders)
         return [step for step in steps if (upto is None or step <= upto) and self.holds_checkpoint(step)]
 
     def holds_checkpoint(self, step: int) -> bool:
