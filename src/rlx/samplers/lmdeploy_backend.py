@@ -33,7 +33,7 @@ import torch
 
 from rlx.config import RolloutConfig, SampleParams
 from rlx.errors import UserError
-from rlx.samplers.transformers_backend import stop_ids
+from rlx.samplers.transformers_backend import is_greedy, stop_ids
 from rlx.samplers.types import Generation
 
 BUCKET_BYTES = 1 << 30  # weights per update request: bounds the engine's transient copy
@@ -44,7 +44,7 @@ def generation_options(tokenizer, params: SampleParams, seed: int) -> dict:
     """``lmdeploy.GenerationConfig`` fields for one request, mirroring the transformers backend:
     the tokenizer's EOS plus configured stop ids end a response and stay in it, and the sampled
     token's log-prob is returned (``logprobs=1``)."""
-    greedy = not params.do_sample or params.temperature == 0
+    greedy = is_greedy(params)
     return {
         "n": 1,
         "max_new_tokens": params.max_tokens,
