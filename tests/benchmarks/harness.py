@@ -130,6 +130,12 @@ def run_workload(kind: str, scratch: Path, /, **arguments) -> dict:
     return json.loads(out.read_text())
 
 
+def timed_fit(benchmark, scratch: Path, project: Path, overrides: list[str], work_dir: str) -> dict:
+    """One `rlx fit` workload in a fresh interpreter, timed once by pytest-benchmark; what it measured."""
+    arguments = {"project": str(project), "overrides": overrides, "work_dir": work_dir}
+    return benchmark.pedantic(run_workload, args=("fit", scratch), kwargs=arguments, rounds=1, iterations=1)
+
+
 def demo_prompts(tiny_model, tokenizer, count: int) -> tuple[list[list[int]], list[str]]:
     """The first ``count`` demo training prompts, each repeated ``prompt_repeat_k`` times as a rollout
     repeats them, with their gold answers."""

@@ -7,7 +7,7 @@ model: only checkpoints (every ``checkpoint_interval`` steps, in the background)
 from __future__ import annotations
 
 import pytest
-from harness import INTERVAL, MODEL_SHAPES, STEPS, TINY_BATCH, kept_bytes, random_model, record, run_workload
+from harness import INTERVAL, MODEL_SHAPES, STEPS, TINY_BATCH, kept_bytes, random_model, record, run_workload, timed_fit
 
 from conftest import make_project
 
@@ -22,13 +22,7 @@ def test_lineage_cost_by_model_size(benchmark, size_project, tmp_path, size):
     model, parameters = random_model(size_project, size, tmp_path)
     work_dir = f"runs/size-{size}"
     overrides = [*TINY_BATCH, f"load_from={model}"]
-    result = benchmark.pedantic(
-        run_workload,
-        args=("fit", tmp_path),
-        kwargs={"project": str(size_project), "overrides": overrides, "work_dir": work_dir},
-        rounds=1,
-        iterations=1,
-    )
+    result = timed_fit(benchmark, tmp_path, size_project, overrides, work_dir)
     replayed = run_workload(
         "materialize", tmp_path, project=size_project, work_dir=work_dir, step=INTERVAL - 1, out=tmp_path / "replayed"
     )

@@ -9,7 +9,7 @@ Each configuration runs in a fresh process, so its RSS high-water mark is its ow
 from __future__ import annotations
 
 import pytest
-from harness import FLOW, demo_overrides, record, run_workload
+from harness import FLOW, demo_overrides, record, run_workload, timed_fit
 from report import fit_summary
 
 from conftest import PARAMS, make_project
@@ -37,13 +37,7 @@ def test_scaling_fit(benchmark, bench_project, tmp_path, prompts, tokens):
         f"rollout_config.context_length={tokens + 256}",
     ]
     name = f"{prompts}x{FLOW.prompt_repeat_k}x{tokens}"
-    result = benchmark.pedantic(
-        run_workload,
-        args=("fit", tmp_path),
-        kwargs={"project": str(bench_project), "overrides": overrides, "work_dir": f"runs/scale-{name}"},
-        rounds=1,
-        iterations=1,
-    )
+    result = timed_fit(benchmark, tmp_path, bench_project, overrides, f"runs/scale-{name}")
     summary = fit_summary(result, prompts * FLOW.prompt_repeat_k)
     assert all(step["response/response_len/mean"] == tokens for step in summary["phases"])
     record(f"scaling/{name} tokens", summary)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from harness import TINY_BATCH, alternate, demo_overrides, random_model, record, run_workload
+from harness import TINY_BATCH, alternate, demo_overrides, random_model, record, run_workload, timed_fit
 from report import steady
 
 from conftest import make_project
@@ -62,13 +62,7 @@ def test_demo_step_on_two_workers_against_one_process(benchmark, bench_project, 
 def test_driver_worker_bytes_and_orchestration_by_model_size(benchmark, bench_project, tmp_path, size):
     model, parameters = random_model(bench_project, size, tmp_path)
     overrides = [*TINY_BATCH, f"rollout_steps={STEPS}", f"load_from={model}", *TWO_WORKERS]
-    result = benchmark.pedantic(
-        run_workload,
-        args=("fit", tmp_path),
-        kwargs={"project": str(bench_project), "overrides": overrides, "work_dir": f"runs/bytes-{size}"},
-        rounds=1,
-        iterations=1,
-    )
+    result = timed_fit(benchmark, tmp_path, bench_project, overrides, f"runs/bytes-{size}")
     steady = steady_steps(result)
     record(
         f"workers/{size}",
