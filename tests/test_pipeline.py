@@ -99,7 +99,7 @@ def test_dvc_repro_runs_a_step_cold_from_one_without_checkpoint(finished, tmp_pa
     cold = Path(shutil.copytree(project, tmp_path / "project", symlinks=True))
     step_two = RunLayout(cold / "runs/demo").step(2)
     shutil.rmtree(step_two.dir)
-    edit_params(cold / "params.yaml", ["run.step=2", "run.prev=1", "run.checkpoint=0"])
+    edit_params(cold / "params.yaml", ["run.step=2", "run.prev=1", "run.checkpoint=0", "run.rollout_policy=1"])
     run([sys.executable, "-m", "dvc", "repro", "-q"], cold)
     assert not RunLayout(cold / "runs/demo").step(1).policy.exists()
     warm = RunLayout(project / "runs/demo").step(2)
@@ -167,7 +167,8 @@ def test_each_algorithm_preset_trains_the_demo(preset, tmp_path, tiny_model):
     assert len(history) == 2
     config = load(project / "params.yaml")  # the preset was written into params.yaml, for DVC to record
     assert config == load(
-        ROOT / "params.yaml", [*SHORT_RUN, *overrides, "run.step=2", "run.prev=1", "run.checkpoint=2"]
+        ROOT / "params.yaml",
+        [*SHORT_RUN, *overrides, "run.step=2", "run.prev=1", "run.checkpoint=2", "run.rollout_policy=1"],
     )
     layout = RunLayout(project / "runs" / "demo")
     sets_upper_clip = any(o.startswith("train_worker_cfg.loss_cfg.policy_loss_cfg.cliprange_high=") for o in overrides)

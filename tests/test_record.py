@@ -67,17 +67,22 @@ def test_rlx_fit_shortens_openmp_spinning_unless_told_otherwise(tmp_path):
     assert subprocess.run(read, env=env, capture_output=True, text=True).stdout.startswith("1000 True")
 
 
-def test_pointing_params_at_a_step_changes_its_three_lines_only(tmp_path):
-    """The fast edit and the round trip change the same three lines and no other (``lora: null`` stays)."""
+def test_pointing_params_at_a_step_changes_its_four_lines_only(tmp_path):
+    """The fast edit and the round trip change the same four lines and no other (``lora: null`` stays)."""
     fast, round_trip = tmp_path / "fast.yaml", tmp_path / "round_trip.yaml"
     for path in (fast, round_trip):
         path.write_text(PARAMS.read_text())
-    point_at_step(fast, 12, 10)
-    edit_params(round_trip, ["run.step=12", "run.prev=11", "run.checkpoint=10"])
+    point_at_step(fast, 12, 10, 2)
+    edit_params(round_trip, ["run.step=12", "run.prev=11", "run.checkpoint=10", "run.rollout_policy=9"])
     for edited in (fast, round_trip):
         lines = zip(PARAMS.read_text().splitlines(), edited.read_text().splitlines(), strict=True)
         changed = [new for old, new in lines if old != new]
-        assert [line.split("#")[0].strip() for line in changed] == ["step: 12", "prev: 11", "checkpoint: 10"]
+        assert [line.split("#")[0].strip() for line in changed] == [
+            "step: 12",
+            "prev: 11",
+            "checkpoint: 10",
+            "rollout_policy: 9",
+        ]
 
 
 @pytest.mark.parametrize(
@@ -92,8 +97,9 @@ def test_a_run_section_laid_out_otherwise_is_edited_by_the_round_trip(tmp_path, 
     params = tmp_path / "params.yaml"
     params.write_text(f"seed: 1\n{run}later: 2\n")
     assert replace_run_pointers(params.read_text(), {"step": 5, "prev": 4, "checkpoint": 0}) is None
-    point_at_step(params, 5, 0)
-    assert yaml.safe_load(params.read_text()) == {"seed": 1, "run": {"step": 5, "prev": 4, "checkpoint": 0}, "later": 2}
+    point_at_step(params, 5, 0, 1)
+    pointers = {"step": 5, "prev": 4, "checkpoint": 0, "rollout_policy": 3}
+    assert yaml.safe_load(params.read_text()) == {"seed": 1, "run": pointers, "later": 2}
 
 
 STAGE = """

@@ -39,11 +39,14 @@ def has_optimizer_state(paths) -> bool:
 
 
 class Engines:
-    def __init__(self, config: RLTrainerConfig, replay: Callable | None = None, workers=None, judges=None):
+    def __init__(
+        self, config: RLTrainerConfig, replay: Callable | None = None, workers=None, judges=None, rollout_workers=None
+    ):
         self.config = config
         self.replay = replay  # (config, trainer, steps, engines): the train stage's replay of recorded updates
         self.workers = workers  # a rlx.workers.group.WorkerGroup: several workers, which hold the policy
         self.judges = judges  # a rlx.workers.judges.JudgePool: with cpu_resources, they judge
+        self.rollout_workers = rollout_workers  # a rlx.workers.group.RolloutPool: they generate training rollouts
         self.layout = RunLayout(config.work_dir)
         self._trainer: PolicyTrainer | None = None
         self._trainer_step: int | None = None
@@ -90,6 +93,30 @@ class Engines:
             self._policy_step = step
         return self._policy
 
+    def rollout_sampler(self, step: int) -> Sampler:
+        """The engine that generates training rollouts from the policy after ``step`` steps: the rollout
+        workers, given that policy first if they do not hold it, or else :meth:`sampler`'s."""
+        if self.rollout_workers is None:
+            return self.sampler(step)
+        if self.rollout_workers.held != step:
+            self.rollout_workers.hold(step, self.policy_to_send(step))
+        return self.rollout_workers.sampler(step)
+
+    def policy_to_send(self, step: int):
+        """The policy after ``step`` steps for another process, as the plain model's weights by name (a LoRA
+        policy merged, as LMDeploy gets it): from here, or an object-store reference to train rank 0's."""
+        if self.workers is not None:
+            return self.workers.policy_ref(step)
+        return dict(lora.full_weights(self.policy(step)))
+
+    def take_policy(self, step: int, weights: dict) -> None:
+        """Hold ``weights`` as the policy after ``step`` steps: what a rollout worker is given by the trainer,
+        loaded into a model of the base's shape made on first use."""
+        if self._policy is None:
+            self._policy = load_policy(self.config.load_from, self.config.rollout_config.dtype).requires_grad_(False)
+        self._policy.load_state_dict(weights)
+        self._policy_step = step
+
     def sampler(self, step: int) -> Sampler:
         """The rollout engine, holding the policy after ``step`` steps. LMDeploy's engine is started
         once, from the newest checkpoint folder at or before ``step``, and then given each new policy
@@ -127,6 +154,11 @@ class Engines:
             return self._trainer
         root = self.replay_root(step)
         self.make_room_for_training()
+        if self._trainer is not None and self._policy is self._trainer.module:
+            self._policy, self._policy_step = (
+                None,
+                None,
+            )  # the trainer moves: the policy it lent is no longer that step's
         if self._trainer_step is None or not root <= self._trainer_step < step:
             self._trainer = self.load_checkpoint(root, self.layout.step(max(1, step)).recorded_length())
             self._trainer_step = root

@@ -43,6 +43,15 @@ class AcceleratorResourcesConfig(Section):
         description="How Ray places the workers' bundles on nodes (XTuner's field): PACK fills a node first, "
         "SPREAD spreads them, STRICT_* refuses to place otherwise.",
     )
+    num_rollout_workers: int = Field(
+        0,
+        ge=0,
+        description="rlx addition: rollout workers placed apart from the train workers (the disaggregated mode of "
+        "verl, AReaL and XTuner), each a Ray actor with its own rollout engine (num_cpus_per_worker, "
+        "num_accelerators_per_worker and cpu_memory_per_worker each), given the policy from the trainer every "
+        "step. With dataflow_config.max_staleness >= 1 they generate while the policy trains. 0: each train "
+        "worker generates (colocated).",
+    )
     ray_address: str | None = Field(
         None,
         description="rlx addition: the Ray cluster the workers join ('auto': the one `ray start` made on this "
@@ -157,3 +166,13 @@ class DataFlowConfig(Section):
         "equal (no gradient) and refill the batch from reserve prompts. DAPO turns it on.",
     )
     max_retry_times: int = Field(3, ge=0, description="Extra prompt batches dynamic sampling may draw per step.")
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="How many updates the policy that generates a step's rollouts may lag (XTuner's field): step "
+        "N's rollouts come from the policy of step N-1-max_staleness, so with resources.num_rollout_workers the "
+        "generation of step N+max_staleness overlaps the update of step N (AReaL's max_head_offpolicyness, "
+        "arXiv 2505.24298; verl's staleness_threshold). 0: on-policy, generation then update. The schedule is "
+        "fixed, so the run stays exact and resumable; train_worker_cfg.loss_cfg.rollout_correction corrects "
+        "for the lag.",
+    )

@@ -50,6 +50,12 @@ class RunPointer(Section):
     step: int = Field(1, ge=1, description="The rollout step the pipeline's stages produce.")
     prev: int = Field(0, ge=0, description="step - 1: whose policy the step starts from (DVC cannot subtract).")
     checkpoint: int = Field(0, ge=0, description="The newest checkpoint at or before step: the checkpoint stage's.")
+    rollout_policy: int = Field(
+        0,
+        ge=0,
+        description="Whose policy generates the step's rollouts: prev less dataflow_config.max_staleness, at "
+        "least 0 (DVC cannot subtract).",
+    )
 
     @model_validator(mode="after")
     def _prev_is_step_minus_one(self) -> RunPointer:
@@ -58,6 +64,12 @@ class RunPointer(Section):
         if self.checkpoint > self.step:
             raise ValueError(f"run.checkpoint must be at most run.step = {self.step}, got {self.checkpoint}")
         return self
+
+
+def rollout_policy_step(step: int, max_staleness: int) -> int:
+    """The step whose policy generates step ``step``'s rollouts: ``max_staleness`` updates behind the one the
+    step trains (the policy of step ``step - 1``), never before the base model."""
+    return max(0, step - 1 - max_staleness)
 
 
 class RLTrainerConfig(Section):
@@ -142,5 +154,15 @@ class RLTrainerConfig(Section):
             raise ValueError(
                 f"advantage_estimator_config.k ({self.advantage_estimator_config.k}) cannot exceed "
                 f"dataflow_config.prompt_repeat_k ({group_size})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_policy_follows_staleness(self) -> RLTrainerConfig:
+        expected = rollout_policy_step(self.run.step, self.dataflow_config.max_staleness)
+        if self.run.rollout_policy != expected:
+            raise ValueError(
+                f"run.rollout_policy must be run.prev less dataflow_config.max_staleness, at least 0: {expected}, "
+                f"got {self.run.rollout_policy}"
             )
         return self

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from rlx.config import apply_override
+from rlx.config import apply_override, rollout_policy_step
 from rlx.config.loading import round_trip_yaml
 from rlx.errors import UserError
 from rlx.store import faults
@@ -51,12 +51,18 @@ def edit_params(path: Path, overrides: list[str]) -> None:
     write_text(text.getvalue(), path)
 
 
-def point_at_step(path: Path, step: int, checkpoint: int) -> None:
-    """Point params.yaml's ``run`` at a step and the newest checkpoint at or before it. Each step does
-    it, so the three numbers are replaced in the text where ``run`` is laid out as rlx writes it (a
-    tenth of the record's CPU went to ruamel's round trip of the whole file, which also rewrites
-    other lines); any other layout goes through the round trip."""
-    pointers = {"step": step, "prev": step - 1, "checkpoint": checkpoint}
+def point_at_step(path: Path, step: int, checkpoint: int, max_staleness: int) -> None:
+    """Point params.yaml's ``run`` at a step, the newest checkpoint at or before it and the policy that
+    generates its rollouts (``max_staleness`` updates behind). Each step does it, so the numbers are
+    replaced in the text where ``run`` is laid out as rlx writes it (a tenth of the record's CPU went to
+    ruamel's round trip of the whole file, which also rewrites other lines); any other layout goes
+    through the round trip."""
+    pointers = {
+        "step": step,
+        "prev": step - 1,
+        "checkpoint": checkpoint,
+        "rollout_policy": rollout_policy_step(step, max_staleness),
+    }
     text = path.read_text()
     edited = replace_run_pointers(text, pointers)
     if edited is None:
@@ -163,7 +169,7 @@ def write_lock(path: Path, stages) -> None:
 _committed: dict[tuple[Path, str], tuple[int, ...]] = {}  # (project, stage): run pointers of its last commit here
 
 
-def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> dict[str, float]:
+def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int, max_staleness: int) -> dict[str, float]:
     """Point params.yaml at ``step``, commit the stages whose entries may have changed to DVC and keep a
     copy of the lock in the step's folder; returns the seconds it took and the CPU seconds it used (what
     it took from generation and training on a small machine).
@@ -174,7 +180,7 @@ def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int) -> 
     run goes on (a rerun is a new process and commits both again), which spares a sixth of the
     record's CPU."""
     started, used = time.perf_counter(), time.process_time()
-    point_at_step(params, step, checkpoint)
+    point_at_step(params, step, checkpoint, max_staleness)
     steady = {"base": (), "checkpoint": (checkpoint,)}  # the stages that do not read run.step: what they read
     project = params.parent.resolve()
     names = [name for name in STAGES if name not in steady or _committed.get((project, name)) != steady[name]]

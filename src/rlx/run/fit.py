@@ -25,6 +25,7 @@ from rlx.errors import UserError
 from rlx.lineage import dvcdeps, experiment
 from rlx.lineage.record import edit_params, point_at_step, repair_dvc_files
 from rlx.run import preflight
+from rlx.run.ahead import RolloutsAhead
 from rlx.run.recording import BackgroundCheckpoints, Finisher, newest_checkpoint, recording
 from rlx.run.resume import ensure_inputs, first_step_to_run, steps_to_run
 from rlx.run.tracking import Tracker
@@ -61,25 +62,30 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
 
 
 def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: int, console: Console) -> list[dict]:
-    """Step 0 (the base model) if the run is new, then for each step: run its stages, start its
-    checkpoint if one is due, hand the step to the recorder."""
+    """Step 0 (the base model) if the run is new, then for each step: start the rollouts it makes ahead
+    (rlx.run.ahead), run its stages, start its checkpoint if one is due, hand the step to the recorder."""
     layout, total = RunLayout(config.work_dir), run_length(config, engines.prompt_pool)
     layout.work_dir.mkdir(parents=True, exist_ok=True)
     preflight.record_configuration(config)
     tracker = Tracker(config, first_step=0 if start == 1 else start)
     try:
         if start == 1:
-            point_at_step(params, 1, 0)
+            point_at_step(params, 1, 0, config.dataflow_config.max_staleness)
             run_base(config, engines)
             tracker.log(0, read_json(layout.step(0).metrics("base")))
         steps, again = steps_to_run(layout, start, total)
         with progress_bar(console) as progress:
             task = progress.add_task("", total=total, completed=start - 1)
             finish = Finisher(config, layout, params.parent, tracker, again, progress, task)
-            with recording(config, params, engines, total, finish) as records:
+            ahead = RolloutsAhead(config, engines, total)
+            with contextlib.closing(ahead), recording(config, params, engines, total, finish) as records:
                 for step in steps:
                     started = time.perf_counter()
+                    ahead.start(step)
                     metrics = run_step(config, step, total, engines, records.checkpoints)
+                    metrics.update(ahead.wait())
+                    if engines.rollout_workers is not None:
+                        metrics.update(engines.rollout_workers.take_counters())
                     metrics["time/step"] = time.perf_counter() - started
                     records.hand_over(step, metrics)
         return finish.history
@@ -118,7 +124,8 @@ def run_base(config: RLTrainerConfig, engines: Engines) -> None:
 def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Engines, console: Console) -> dict:
     """``debug_rollout``: prepare, roll out and judge one step, then stop, to check sampling and rewards."""
     total = run_length(config, engines.prompt_pool)
-    point_at_step(params, step, newest_checkpoint(config, RunLayout(config.work_dir), step - 1, total))
+    checkpoint = newest_checkpoint(config, RunLayout(config.work_dir), step - 1, total)
+    point_at_step(params, step, checkpoint, config.dataflow_config.max_staleness)
     run_base(config, engines)
     metrics = {
         k: v for name in ("prepare", "rollout", "judge") for k, v in run_stage(name, config, step, engines).items()

@@ -67,7 +67,8 @@ class StepRecords:
         while self.unrecorded and (self.unrecorded[0][2].done() or len(self.unrecorded) >= MAX_UNRECORDED):
             self.finish(*self.unrecorded.popleft())
         newest = newest_checkpoint(self.config, self.layout, step, self.total)
-        record = partial(self.dvc.submit, record_step, self.params, self.layout, step, newest)
+        staleness = self.config.dataflow_config.max_staleness
+        record = partial(self.dvc.submit, record_step, self.params, self.layout, step, newest, staleness)
         self.unrecorded.append((step, metrics, self.checkpoints.record_after(record)))
 
     def finish_all(self) -> None:

@@ -1,4 +1,5 @@
-"""Stage ``rollout``: ``prompt_repeat_k`` responses per prompt group from the previous step's policy.
+"""Stage ``rollout``: ``prompt_repeat_k`` responses per prompt group from the previous step's policy,
+or with ``dataflow_config.max_staleness`` k from the policy k steps before it (rlx.config.rollout_policy_step).
 
 With ``dataflow_config.enable_dynamic_sampling``, groups whose responses all score the same are
 dropped and replaced from the step's reserve prompts, up to ``max_retry_times`` extra batches; the
@@ -6,7 +7,8 @@ rows then carry their verdicts (column ``judgment``), which the judge stage reus
 
 Output ``step-N/rollouts.parquet``, one row per response, ordered group by group: ``step, group,
 sample, data_source, ground_truth, prompt_ids, response_ids, response_text, rollout_logprobs,
-finish_reason, prompt_len, response_len`` and ``prompt`` (the chat messages as JSON).
+finish_reason, prompt_len, response_len, policy_step`` (whose policy generated it) and ``prompt`` (the
+chat messages as JSON).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from __future__ import annotations
 import time
 
 from rlx import seeds
-from rlx.config import RLTrainerConfig
+from rlx.config import RLTrainerConfig, rollout_policy_step
 from rlx.judgers import Panel
 from rlx.judgers.rows import VERDICT, judge_rollouts
 from rlx.store.artifacts import read_rows, write_rows
 from rlx.store.layout import StepPaths
+
+draws_random_numbers = False  # every row samples from its own seeded stream: safe in a background thread
 
 
 def sampling_seed(config: RLTrainerConfig, step: int) -> int:
@@ -29,8 +33,8 @@ def sampling_seed(config: RLTrainerConfig, step: int) -> int:
 
 def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict], seed: int) -> list[dict]:
     """``prompt_repeat_k`` responses for each group, as rollout rows in group order."""
-    k = config.dataflow_config.prompt_repeat_k
-    generations = engines.sampler(step - 1).generate(
+    k, policy = config.dataflow_config.prompt_repeat_k, rollout_policy_step(step, config.dataflow_config.max_staleness)
+    generations = engines.rollout_sampler(policy).generate(
         [group["prompt_ids"] for group in groups for _ in range(k)], config.dataflow_config.sample_params, seed=seed
     )
     rows = []
@@ -51,6 +55,7 @@ def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict
                 "finish_reason": out.finish_reason,
                 "prompt_len": len(out.prompt_ids),
                 "response_len": len(out.response_ids),
+                "policy_step": policy,
             }
         )
     return rows
@@ -89,8 +94,11 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     seconds = time.perf_counter() - started
     write_rows(rows, paths.rollouts)
     lengths = [row["response_len"] for row in rows]
+    staleness = [step - 1 - row["policy_step"] for row in rows]  # updates between generation and training
     return {
         **metrics,
+        "async/staleness/mean": sum(staleness) / len(staleness),
+        "async/staleness/max": max(staleness),
         "response/response_len/mean": sum(lengths) / len(lengths),
         "response/response_len/max": max(lengths),
         "response/truncated_frac": sum(row["finish_reason"] == "length" for row in rows) / len(rows),

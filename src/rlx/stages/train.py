@@ -54,6 +54,7 @@ UPDATE_SCHEMA = pa.schema(
         ("is_weight_min", pa.float64()),
         ("is_weight_max", pa.float64()),
         ("old_logprob_source", pa.string()),  # the loss's own forward, or a separate no-grad pass
+        ("staleness", pa.int64()),  # updates between the policy that generated the response and this one
     ]
 )
 
@@ -185,6 +186,8 @@ def report(config: RLTrainerConfig, scored: Scored, metrics: dict) -> tuple[dict
     metrics["train/world_size"] = distributed.world_size()
     metrics["perf/train_tokens_per_s"] = tokens / busy
     numbers = per_response_numbers(config, scored.rewards, scored.kl, scored.advantages, kept, len(rollouts))
+    for row, rollout in zip(numbers, rollouts, strict=True):  # rollouts older than the column: on-policy
+        row["staleness"] = rollout["step"] - 1 - rollout.get("policy_step", rollout["step"] - 1)
     return metrics, numbers
 
 
