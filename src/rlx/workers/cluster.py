@@ -53,8 +53,10 @@ def judge_bundle(config: RLTrainerConfig) -> dict[str, float]:
 
 
 def wanted(config: RLTrainerConfig) -> dict[str, float]:
-    """What the workers and the judge actors reserve in all: their bundles times their numbers."""
-    groups = [(worker_bundle(config), config.resources.num_workers)] if config.resources.on_ray else []
+    """What the workers, rollout workers and judge actors reserve in all: their bundles times their numbers."""
+    resources = config.resources
+    workers = (resources.num_workers if resources.on_ray else 0) + resources.num_rollout_workers
+    groups = [(worker_bundle(config), workers)] if workers else []
     if config.cpu_resources:
         groups.append((judge_bundle(config), config.cpu_resources.num_workers))
     total: dict[str, float] = {}

@@ -21,20 +21,22 @@ from rlx.stages.train import replay
 from rlx.workers.actors import ActorGroup
 from rlx.workers.cluster import ray_instance, worker_bundle
 from rlx.workers.judges import JudgePool
-from rlx.workers.worker import Worker
+from rlx.workers.worker import RolloutWorker, Worker
 
 
 @contextlib.contextmanager
 def warm_engines(config: RLTrainerConfig) -> Iterator[Engines]:
     """What stays warm for a run: one worker in this process or a group of them on Ray, and the judge
     actors when ``cpu_resources`` asks for them; the actors are stopped after."""
-    if not (config.resources.on_ray or config.cpu_resources):
+    resources = config.resources
+    if not (resources.on_ray or resources.num_rollout_workers or config.cpu_resources):
         yield Engines(config, replay)
         return
     with ray_instance(config) as ray, contextlib.ExitStack() as started:
-        workers = started_group(started, WorkerGroup, ray, config) if config.resources.on_ray else None
+        workers = started_group(started, WorkerGroup, ray, config) if resources.on_ray else None
+        apart = started_group(started, RolloutPool, ray, config) if resources.num_rollout_workers else None
         judges = started_group(started, JudgePool, ray, config) if config.cpu_resources else None
-        yield Engines(config, replay, workers=workers, judges=judges)
+        yield Engines(config, replay, workers=workers, judges=judges, rollout_workers=apart)
 
 
 def started_group(stack: contextlib.ExitStack, kind: type[ActorGroup], ray, config: RLTrainerConfig) -> ActorGroup:
@@ -81,16 +83,45 @@ class WorkerGroup(ActorGroup):
         """Step ``step``'s policy written by rank 0 (every rank takes part if it must be replayed)."""
         return self.call("write_policy", step, folder, mark, what=f"writing the policy of step {step}")[0]
 
+    def policy_ref(self, step: int):
+        """An object-store reference to rank 0's policy after ``step`` steps (rlx.workers.worker.Worker.policy_ref)."""
+        return self.call("policy_ref", step, what=f"sending the policy of step {step}")[0]
+
     def sampler(self, step: int) -> GroupSampler:
         return GroupSampler(self, step)
 
 
-class GroupSampler:
-    """The workers' engines as one sampler: each generates its share from the policy after ``step``
-    steps; row ``i`` of the whole samples from seed ``seed + i`` wherever it lands, so the responses do
-    not depend on how many engines there are."""
+class RolloutPool(ActorGroup):
+    """The rollout workers placed apart from the trainers (``resources.num_rollout_workers``), each with
+    the bundle of a train worker; they sample from the policy last given to them (``held``)."""
 
-    def __init__(self, group: WorkerGroup, step: int):
+    def __init__(self, ray, config: RLTrainerConfig):
+        resources, project = config.resources, str(Path.cwd())
+        count, arguments = resources.num_rollout_workers, lambda rank: (config, project)  # noqa: E731
+        super().__init__(
+            ray, RolloutWorker, "rollout worker", worker_bundle(config), count, resources.pg_pack_strategy, arguments
+        )
+        self.held: int | None = None
+
+    def hold(self, step: int, weights) -> None:
+        """Give every rollout worker the policy after ``step`` steps (its weights, or a reference to them),
+        put in the object store once for all of them."""
+        ref = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(weights)
+        self.call("hold", step, ref, what=f"loading the policy of step {step}")
+        self.held = step
+
+    def sampler(self, step: int) -> GroupSampler:
+        if self.held != step:
+            raise RuntimeError(f"the rollout workers hold the policy of step {self.held}, not {step}")
+        return GroupSampler(self, step)
+
+
+class GroupSampler:
+    """The engines of a group of train or rollout workers as one sampler: each generates its share from
+    the policy after ``step`` steps; row ``i`` of the whole samples from seed ``seed + i`` wherever it
+    lands, so the responses do not depend on how many engines there are."""
+
+    def __init__(self, group: ActorGroup, step: int):
         self.group, self.step = group, step
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list:

@@ -18,9 +18,29 @@ from rlx.training.distributed import free_port
 from rlx.workers.actors import Actor
 
 
-class Worker(Actor):
-    def __init__(self, config: RLTrainerConfig, project: str, rank: int, world_size: int, replay: Callable):
+class RolloutWorker(Actor):
+    """A rollout worker apart from the trainers (``resources.num_rollout_workers``): a rollout engine that
+    samples from the policy the trainer last gave it."""
+
+    def __init__(self, config: RLTrainerConfig, project: str):
         os.chdir(project)  # the run's paths are relative to the project, as in the driver
+        self.config, self.engines = config, Engines(config)
+
+    def hold(self, step: int, weights: dict) -> None:
+        """Sample from now on from ``weights``, the policy after ``step`` steps."""
+        self.engines.take_policy(step, weights)
+
+    def generate(self, step: int, prompt_ids: Sequence[Sequence[int]], params: SampleParams, seed: int):
+        """This worker's share of a rollout or evaluation, sampled from the policy after ``step`` steps."""
+        generations: list[Generation] = self.engines.sampler(step).generate(prompt_ids, params, seed=seed)
+        return generations
+
+
+class Worker(RolloutWorker):
+    """A train worker: a rollout worker (colocated) that is also a DeepSpeed rank and holds its own policy."""
+
+    def __init__(self, config: RLTrainerConfig, project: str, rank: int, world_size: int, replay: Callable):
+        os.chdir(project)
         self.config, self.rank, self.world_size = config, rank, world_size
         self.engines = Engines(config, replay)  # replay: the train stage's, handed in as the driver's Engines gets it
 
@@ -48,7 +68,10 @@ class Worker(Actor):
         self.engines.policy(step)
         return self.engines.write_policy(step, folder, mark) if self.rank == 0 else None
 
-    def generate(self, step: int, prompt_ids: Sequence[Sequence[int]], params: SampleParams, seed: int):
-        """This worker's share of a rollout or evaluation, sampled from the policy after ``step`` steps."""
-        generations: list[Generation] = self.engines.sampler(step).generate(prompt_ids, params, seed=seed)
-        return generations
+    def policy_ref(self, step: int):
+        """Rank 0's policy after ``step`` steps in Ray's object store, for the rollout workers (every rank
+        first makes sure it holds it: a replay is collective)."""
+        import ray
+
+        weights = self.engines.policy_to_send(step)
+        return ray.put(weights) if self.rank == 0 else None
