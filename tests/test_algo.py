@@ -313,19 +313,45 @@ def test_adaptive_kl_coefficient_moves_toward_the_target():
 # ---- rollout correction and shaping ---------------------------------------------------------
 
 
-def test_importance_weights_truncate_or_mask_per_token_or_sequence():
-    from rlx.algo.correction import importance_weights, mismatch_metrics
+# Behaviour weights w = pi_train / pi_rollout: row 0 3, 1, 0.5 and 4 (padding), row 1 2, 2 and two padding
+# tokens; per sequence the product over the response: 1.5 and 4. Padding gets log-weight 0: weight 1.
+TRAIN = torch.tensor([[0.9, 0.5, 0.2, 0.4], [0.8, 0.6, 0.3, 0.3]], dtype=torch.float64).log()
+ROLLOUT = torch.tensor([[0.3, 0.5, 0.4, 0.1], [0.4, 0.3, 0.3, 0.6]], dtype=torch.float64).log()
+RESPONSE = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
 
-    train = torch.log(torch.tensor([[0.9, 0.5, 0.2]]))
-    rollout = torch.log(torch.tensor([[0.3, 0.5, 0.4]]))  # weights 3, 1, 0.5
-    mask = torch.ones(1, 3)
-    assert torch.allclose(importance_weights(train, rollout, mask), torch.tensor([[2.0, 1.0, 0.5]]))
-    assert importance_weights(train, rollout, mask, mode="mask", threshold_low=0.6).tolist() == [[0.0, 1.0, 0.0]]
-    sequence = importance_weights(train, rollout, mask, level="sequence", threshold_high=10.0)
-    assert torch.allclose(sequence, torch.full((1, 3), 1.5))
-    metrics = mismatch_metrics(train, rollout, mask)
+
+@pytest.mark.parametrize(("level", "mode", "expected"), [
+    ("token", "truncate", [[2.5, 1, 0.5, 1], [2, 2, 1, 1]]),  # 3 capped at 2.5
+    ("token", "mask", [[0, 1, 0, 1], [1, 1, 1, 1]]),  # 3 above 2.5 and 0.5 below 0.6 dropped
+    ("sequence", "truncate", [[1.5] * 4, [2.5] * 4]),
+    ("sequence", "mask", [[1] * 4, [0] * 4]),
+])  # fmt: skip
+def test_importance_weights_by_hand(level, mode, expected):
+    from rlx.algo.correction import importance_weights
+
+    weights = importance_weights(
+        TRAIN, ROLLOUT, RESPONSE, level=level, mode=mode, threshold_high=2.5, threshold_low=0.6
+    )
+    assert weights.tolist() == [pytest.approx(row) for row in expected]
+
+
+def test_an_unknown_correction_mode_or_level_lists_the_known_ones():
+    from rlx.algo.correction import importance_weights
+
+    assert registry.names("correction") == ["truncate", "mask"]
+    with pytest.raises(ValueError, match="unknown rollout correction mode 'clip'; registered: truncate, mask"):
+        importance_weights(TRAIN, ROLLOUT, RESPONSE, mode="clip")
+    with pytest.raises(ValueError, match="unknown correction level 'word': token or sequence"):
+        importance_weights(TRAIN, ROLLOUT, RESPONSE, level="word")
+
+
+def test_mismatch_metrics_are_the_raw_ratio():
+    from rlx.algo.correction import mismatch_metrics
+
+    metrics = mismatch_metrics(TRAIN, ROLLOUT, RESPONSE)
     assert metrics["mismatch/is_weight_max"] == pytest.approx(3.0)
-    assert mismatch_metrics(train, train, mask)["mismatch/k3_kl"] == 0.0
+    assert metrics["mismatch/is_weight_mean"] == pytest.approx((3 + 1 + 0.5 + 2 + 2) / 5)
+    assert mismatch_metrics(TRAIN, TRAIN, RESPONSE)["mismatch/k3_kl"] == 0.0
 
 
 def test_overlong_penalty_ramps_in_the_buffer():

@@ -68,6 +68,7 @@ SECTION_CASES = [
     ("replay_buffer_config.max_prompt_length=0", "replay_buffer_config.max_prompt_length: Input should be greater than 0; got 0"),
     ("train_worker_cfg.deepspeed.zero_stage=4", "train_worker_cfg.deepspeed.zero_stage: Input should be 0, 1, 2 or 3; got 4"),
     ("train_worker_cfg.loss_cfg.kl_loss_type=k9", "train_worker_cfg.loss_cfg.kl_loss_type: Input should be a registered KL estimator: 'k1', 'k2', 'k3' or 'abs'; got 'k9'"),
+    ("train_worker_cfg.loss_cfg.rollout_correction.mode=clip", "train_worker_cfg.loss_cfg.rollout_correction.mode: Input should be a registered rollout correction mode: 'truncate' or 'mask'; got 'clip'"),
     ("train_worker_cfg.lr_cfg.warmup_ratio=1", "train_worker_cfg.lr_cfg.warmup_ratio: Input should be less than 1; got 1"),
     ("evaluator_config.evaluate_step=0", "evaluator_config.evaluate_step: Input should be greater than 0; got 0"),
     ("advantage_estimator_config.eps=0", "advantage_estimator_config.eps: Input should be greater than 0; got 0"),

@@ -1,10 +1,14 @@
-"""Rollout/train mismatch: the rollout engine's log-probs differ from the trainer's for the same
-policy (other kernels, precision, batching), which makes the update silently off-policy.
+"""Off-policy correction: the tokens the loss learns from were sampled by the rollout engine's
+policy ``pi_rollout`` (the behaviour policy), not by ``pi_train``, the policy the update starts from
+(its log-probs recomputed by the trainer as the old log-probs). The two differ even for the same
+weights (other kernels, precision, batching), and more when rollouts come from an older policy than
+the trainer's (asynchronous rollout); left alone, the update is silently off-policy.
 
 Importance weights ``w = pi_train / pi_rollout`` correct for it (Yao et al., 2025, "Your efficient RL
 framework secretly brings you off-policy RL training"): per token, or per sequence as the product
-over its tokens; ``truncate`` caps them at ``threshold_high`` (TIS), ``mask`` drops tokens or
-sequences whose weight leaves ``[threshold_low, threshold_high]`` (masked IS).
+over its tokens. A mode maps the detached log-weight to the weights that scale each token's loss; a
+new mode is one function ``(log_w, *, threshold_high, threshold_low) -> weights`` under
+``@register("correction", NAME)``, which the config then accepts as ``rollout_correction.mode``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,22 @@ import torch
 
 from rlx.algo.kl import estimate
 from rlx.algo.losses import LOG_RATIO_CLAMP, masked_mean
+from rlx.algo.registry import get, register
+
+
+@register("correction", "truncate")
+def truncate(log_w: torch.Tensor, *, threshold_high: float, **_) -> torch.Tensor:
+    """Truncated IS (TIS, Yao et al.): ``min(w, threshold_high)`` bounds the variance one rare token
+    can add, and keeps every token in the loss."""
+    return log_w.exp().clamp(max=threshold_high)
+
+
+@register("correction", "mask")
+def masked(log_w: torch.Tensor, *, threshold_high: float, threshold_low: float, **_) -> torch.Tensor:
+    """Masked IS (Yao et al.): weight 1 inside ``[threshold_low, threshold_high]``, 0 outside: a token
+    the two policies disagree on that much is dropped rather than reweighted."""
+    weights = log_w.exp()
+    return ((weights >= threshold_low) & (weights <= threshold_high)).to(weights.dtype)
 
 
 def importance_weights(
@@ -25,18 +45,15 @@ def importance_weights(
     threshold_high: float = 2.0,
     threshold_low: float = 0.5,
 ) -> torch.Tensor:
-    """Detached per-token weights ``[batch, response_len]`` (1 outside the mask is harmless: the loss masks)."""
+    """Detached per-token weights ``[batch, response_len]`` of the correction ``mode`` (1 outside the
+    mask is harmless: the loss masks)."""
     log_w = (train_logp - rollout_logp).detach() * mask
     if level == "sequence":
         log_w = log_w.sum(dim=-1, keepdim=True).expand_as(mask)
     elif level != "token":
         raise ValueError(f"unknown correction level {level!r}: token or sequence")
-    weights = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    if mode == "truncate":
-        return weights.clamp(max=threshold_high)
-    if mode == "mask":
-        return ((weights >= threshold_low) & (weights <= threshold_high)).to(weights.dtype)
-    raise ValueError(f"unknown correction mode {mode!r}: truncate or mask")
+    log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return get("correction", mode)(log_w, threshold_high=threshold_high, threshold_low=threshold_low)
 
 
 def mismatch_metrics(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from rlx.config.fields import AdvantageName, KLName, LossAggName, PolicyLossName, Section
+from rlx.config.fields import AdvantageName, CorrectionName, KLName, LossAggName, PolicyLossName, Section
 
 
 class AdamWConfig(Section):
@@ -66,8 +66,10 @@ class RolloutCorrectionConfig(Section):
 
     enabled: bool = Field(False, description="Weight the loss by pi_train / pi_rollout (mismatch/* is logged always).")
     level: Literal["token", "sequence"] = Field("token", description="One weight per token (TIS) or per sequence.")
-    mode: Literal["truncate", "mask"] = Field(
-        "truncate", description="truncate: cap the weight at threshold_high (truncated IS, TIS); mask: drop."
+    mode: CorrectionName = Field(
+        "truncate",
+        description="truncate: cap the weight at threshold_high (truncated IS, TIS); mask: drop tokens whose "
+        "weight leaves [threshold_low, threshold_high].",
     )
     threshold_high: float = Field(
         2.0, gt=1, description="The weight's cap (truncate) or upper bound (mask); Yao et al. cap at 2."
