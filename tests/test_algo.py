@@ -323,8 +323,10 @@ RESPONSE = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torc
 @pytest.mark.parametrize(("level", "mode", "expected"), [
     ("token", "truncate", [[2.5, 1, 0.5, 1], [2, 2, 1, 1]]),  # 3 capped at 2.5
     ("token", "mask", [[0, 1, 0, 1], [1, 1, 1, 1]]),  # 3 above 2.5 and 0.5 below 0.6 dropped
+    ("token", "decoupled", [[0, 1, 0.5, 1], [2, 2, 1, 1]]),  # 3 above the cap dropped; no lower bound
     ("sequence", "truncate", [[1.5] * 4, [2.5] * 4]),
     ("sequence", "mask", [[1] * 4, [0] * 4]),
+    ("sequence", "decoupled", [[1.5] * 4, [0] * 4]),  # the whole of row 1 dropped
 ])  # fmt: skip
 def test_importance_weights_by_hand(level, mode, expected):
     from rlx.algo.correction import importance_weights
@@ -335,11 +337,33 @@ def test_importance_weights_by_hand(level, mode, expected):
     assert weights.tolist() == [pytest.approx(row) for row in expected]
 
 
+def test_decoupled_keeps_a_weight_at_the_cap_and_drops_one_above():
+    decoupled = registry.get("correction", "decoupled")
+    weights = decoupled(torch.tensor([0.0, 1e-3, -5.0]), threshold_high=1.0)  # w = 1, 1.001, e^-5
+    assert weights.tolist() == pytest.approx([1.0, 0.0, math.exp(-5)])
+
+
+def test_decoupled_ppo_loss_by_hand():
+    from rlx.algo.correction import importance_weights
+
+    rollout = torch.tensor([[0.3, 0.5, 0.4]]).log()  # the stale behaviour policy
+    proximal = torch.tensor([[0.6, 0.5, 0.2]]).log()  # the policy the update starts from: w = 2, 1, 0.5
+    live = torch.tensor([[0.9, 0.6, 0.3]]).log()  # r = live / proximal = 1.5, 1.2, 1.5
+    mask = torch.ones(1, 3)
+    weights = importance_weights(proximal, rollout, mask, mode="decoupled", threshold_high=1.5)
+    loss, _ = policy_loss(live, proximal, torch.tensor([1.0]), mask, token_weights=weights)
+    # A = 1: -min(r, clip(r, 0.8, 1.2)) = -1.2 each; weighted 0 (w = 2 > 1.5: dropped), -1.2, -0.6; the
+    # dropped token still counts in the token mean, as in AReaL: -1.8 / 3
+    assert loss.item() == pytest.approx(-0.6)
+
+
 def test_an_unknown_correction_mode_or_level_lists_the_known_ones():
     from rlx.algo.correction import importance_weights
 
-    assert registry.names("correction") == ["truncate", "mask"]
-    with pytest.raises(ValueError, match="unknown rollout correction mode 'clip'; registered: truncate, mask"):
+    assert registry.names("correction") == ["truncate", "mask", "decoupled"]
+    with pytest.raises(
+        ValueError, match="unknown rollout correction mode 'clip'; registered: truncate, mask, decoupled"
+    ):
         importance_weights(TRAIN, ROLLOUT, RESPONSE, mode="clip")
     with pytest.raises(ValueError, match="unknown correction level 'word': token or sequence"):
         importance_weights(TRAIN, ROLLOUT, RESPONSE, level="word")

@@ -8,7 +8,8 @@ Importance weights ``w = pi_train / pi_rollout`` correct for it (Yao et al., 202
 framework secretly brings you off-policy RL training"): per token, or per sequence as the product
 over its tokens. A mode maps the detached log-weight to the weights that scale each token's loss; a
 new mode is one function ``(log_w, *, threshold_high, threshold_low) -> weights`` under
-``@register("correction", NAME)``, which the config then accepts as ``rollout_correction.mode``.
+``@register("correction", NAME)``, which the config then accepts as ``rollout_correction.mode``;
+its trait ``lower_bound``: it reads ``threshold_low``, which the config refuses for the other modes.
 """
 
 from __future__ import annotations
@@ -27,12 +28,32 @@ def truncate(log_w: torch.Tensor, *, threshold_high: float, **_) -> torch.Tensor
     return log_w.exp().clamp(max=threshold_high)
 
 
-@register("correction", "mask")
+@register("correction", "mask", lower_bound=True)
 def masked(log_w: torch.Tensor, *, threshold_high: float, threshold_low: float, **_) -> torch.Tensor:
     """Masked IS (Yao et al.): weight 1 inside ``[threshold_low, threshold_high]``, 0 outside: a token
     the two policies disagree on that much is dropped rather than reweighted."""
     weights = log_w.exp()
     return ((weights >= threshold_low) & (weights <= threshold_high)).to(weights.dtype)
+
+
+@register("correction", "decoupled")
+def decoupled(log_w: torch.Tensor, *, threshold_high: float, **_) -> torch.Tensor:
+    """Decoupled PPO (Hilton et al., 2021, "Batch size-invariance for policy optimization", arXiv
+    2110.00641), the objective AReaL trains on rollouts of stale policies with (Fu et al., 2025,
+    "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning", arXiv
+    2505.24298). It separates the policy that sampled (behaviour) from the one the update must stay
+    near (proximal, here ``pi_train``, the old log-probs)::
+
+        J(theta) = E_{y ~ pi_behav} [ sum_t w_t * min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t) ]
+        r_t = pi_theta(y_t) / pi_prox(y_t)   (the loss's own ratio and clip)
+        w_t = pi_prox(y_t) / pi_behav(y_t)   (this weight, detached)
+
+    so the clip bounds how far one update moves the policy however stale the rollout was, and ``w``
+    reweights each token as if ``pi_prox`` had sampled it. A token with ``w > threshold_high`` (AReaL's
+    ``behav_imp_weight_cap``) gets weight 0: it is dropped, not truncated. There is no lower bound.
+    Dropped tokens still count in the loss's token denominator, as in AReaL."""
+    weights = log_w.exp()
+    return torch.where(weights <= threshold_high, weights, torch.zeros_like(weights))
 
 
 def importance_weights(
