@@ -369,6 +369,38 @@ def test_an_unknown_correction_mode_or_level_lists_the_known_ones():
         importance_weights(TRAIN, ROLLOUT, RESPONSE, level="word")
 
 
+def test_correction_metrics_count_the_weights_applied_to_response_tokens():
+    from types import SimpleNamespace
+
+    from rlx.config import load
+    from rlx.stages.train import attach_weights, correction_metrics
+
+    def metrics(*overrides):
+        config = load(None, [f"train_worker_cfg.loss_cfg.rollout_correction.{o}" for o in overrides])
+        correction = config.train_worker_cfg.loss_cfg.rollout_correction
+        micros = [  # float32, as the trainer's log-probs
+            SimpleNamespace(indices=[i], old_logp=TRAIN[i : i + 1].float(), rollout_logp=ROLLOUT[i : i + 1].float(),
+                            batch=SimpleNamespace(mask=RESPONSE[i : i + 1].float()), token_weights=None)
+            for i in range(2)
+        ]  # fmt: skip
+        attach_weights(correction, micros, torch.zeros(2))
+        return correction_metrics(correction, micros, RESPONSE.flatten())
+
+    assert metrics() == {}  # off
+    # a cap float32 cannot hold exactly still counts the token capped at it. Applied 2.2, 1, 0.5, 2, 2
+    truncated = metrics("enabled=true", "threshold_high=2.2")
+    assert truncated == pytest.approx({
+        "correction/weight_mean": 7.7 / 5, "correction/weight_max": 2.2,
+        "correction/dropped_frac": 0.0, "correction/truncated_frac": 0.2,
+    })  # fmt: skip
+    # applied 0, 1, 0.5, 2, 2: the padding's weight 1 is not counted, nothing is truncated
+    assert metrics("enabled=true", "mode=decoupled", "threshold_high=2.5") == pytest.approx({
+        "correction/weight_mean": 1.1, "correction/weight_max": 2.0, "correction/dropped_frac": 0.2,
+    })  # fmt: skip
+    masked = metrics("enabled=true", "mode=mask", "threshold_high=2.5", "threshold_low=0.6")  # applied 0, 1, 0, 1, 1
+    assert masked["correction/dropped_frac"] == pytest.approx(0.4) and "correction/truncated_frac" not in masked
+
+
 def test_mismatch_metrics_are_the_raw_ratio():
     from rlx.algo.correction import mismatch_metrics
 

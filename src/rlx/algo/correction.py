@@ -9,7 +9,8 @@ framework secretly brings you off-policy RL training"): per token, or per sequen
 over its tokens. A mode maps the detached log-weight to the weights that scale each token's loss; a
 new mode is one function ``(log_w, *, threshold_high, threshold_low) -> weights`` under
 ``@register("correction", NAME)``, which the config then accepts as ``rollout_correction.mode``;
-its trait ``lower_bound``: it reads ``threshold_low``, which the config refuses for the other modes.
+its traits: ``caps`` (weights stop at ``threshold_high``, counted in ``correction/truncated_frac``),
+``lower_bound`` (it reads ``threshold_low``, which the config refuses for the other modes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rlx.algo.losses import LOG_RATIO_CLAMP, masked_mean
 from rlx.algo.registry import get, register
 
 
-@register("correction", "truncate")
+@register("correction", "truncate", caps=True)
 def truncate(log_w: torch.Tensor, *, threshold_high: float, **_) -> torch.Tensor:
     """Truncated IS (TIS, Yao et al.): ``min(w, threshold_high)`` bounds the variance one rare token
     can add, and keeps every token in the loss."""
@@ -75,6 +76,22 @@ def importance_weights(
         raise ValueError(f"unknown correction level {level!r}: token or sequence")
     log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return get("correction", mode)(log_w, threshold_high=threshold_high, threshold_low=threshold_low)
+
+
+def weight_metrics(weights: torch.Tensor, mask: torch.Tensor, *, cap: float | None = None) -> dict[str, float]:
+    """What the correction did to the loss, over the response tokens: the weights' mean and max, the
+    fraction dropped (weight 0) and, for a mode that caps at ``cap``, the fraction held at the cap."""
+    with torch.no_grad():
+        applied = weights[mask > 0]
+        count = max(1, applied.numel())
+        metrics = {
+            "correction/weight_mean": applied.sum().item() / count,
+            "correction/weight_max": applied.max().item() if applied.numel() else 1.0,
+            "correction/dropped_frac": (applied == 0).sum().item() / count,
+        }
+        if cap is not None:  # compared in the weights' own dtype, in which the cap is exact
+            metrics["correction/truncated_frac"] = (applied >= cap).sum().item() / count
+        return metrics
 
 
 def mismatch_metrics(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -67,7 +67,10 @@ class RolloutCorrectionConfig(Section):
     you off-policy RL training"), and asynchronous rollouts come from an older policy (AReaL, arXiv
     2505.24298)."""
 
-    enabled: bool = Field(False, description="Weight the loss by pi_train / pi_rollout (mismatch/* is logged always).")
+    enabled: bool = Field(
+        False,
+        description="Weight the loss by pi_train / pi_rollout (mismatch/* is logged always, correction/* when on).",
+    )
     level: Literal["token", "sequence"] = Field("token", description="One weight per token (TIS) or per sequence.")
     mode: CorrectionName = Field(
         "truncate",
