@@ -313,19 +313,101 @@ def test_adaptive_kl_coefficient_moves_toward_the_target():
 # ---- rollout correction and shaping ---------------------------------------------------------
 
 
-def test_importance_weights_truncate_or_mask_per_token_or_sequence():
-    from rlx.algo.correction import importance_weights, mismatch_metrics
+# Behaviour weights w = pi_train / pi_rollout: row 0 3, 1, 0.5 and 4 (padding), row 1 2, 2 and two padding
+# tokens; per sequence the product over the response: 1.5 and 4. Padding gets log-weight 0: weight 1.
+TRAIN = torch.tensor([[0.9, 0.5, 0.2, 0.4], [0.8, 0.6, 0.3, 0.3]], dtype=torch.float64).log()
+ROLLOUT = torch.tensor([[0.3, 0.5, 0.4, 0.1], [0.4, 0.3, 0.3, 0.6]], dtype=torch.float64).log()
+RESPONSE = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
 
-    train = torch.log(torch.tensor([[0.9, 0.5, 0.2]]))
-    rollout = torch.log(torch.tensor([[0.3, 0.5, 0.4]]))  # weights 3, 1, 0.5
+
+@pytest.mark.parametrize(("level", "mode", "expected"), [
+    ("token", "truncate", [[2.5, 1, 0.5, 1], [2, 2, 1, 1]]),  # 3 capped at 2.5
+    ("token", "mask", [[0, 1, 0, 1], [1, 1, 1, 1]]),  # 3 above 2.5 and 0.5 below 0.6 dropped
+    ("token", "decoupled", [[0, 1, 0.5, 1], [2, 2, 1, 1]]),  # 3 above the cap dropped; no lower bound
+    ("sequence", "truncate", [[1.5] * 4, [2.5] * 4]),
+    ("sequence", "mask", [[1] * 4, [0] * 4]),
+    ("sequence", "decoupled", [[1.5] * 4, [0] * 4]),  # the whole of row 1 dropped
+])  # fmt: skip
+def test_importance_weights_by_hand(level, mode, expected):
+    from rlx.algo.correction import importance_weights
+
+    weights = importance_weights(
+        TRAIN, ROLLOUT, RESPONSE, level=level, mode=mode, threshold_high=2.5, threshold_low=0.6
+    )
+    assert weights.tolist() == [pytest.approx(row) for row in expected]
+
+
+def test_decoupled_keeps_a_weight_at_the_cap_and_drops_one_above():
+    decoupled = registry.get("correction", "decoupled")
+    weights = decoupled(torch.tensor([0.0, 1e-3, -5.0]), threshold_high=1.0)  # w = 1, 1.001, e^-5
+    assert weights.tolist() == pytest.approx([1.0, 0.0, math.exp(-5)])
+
+
+def test_decoupled_ppo_loss_by_hand():
+    from rlx.algo.correction import importance_weights
+
+    rollout = torch.tensor([[0.3, 0.5, 0.4]]).log()  # the stale behaviour policy
+    proximal = torch.tensor([[0.6, 0.5, 0.2]]).log()  # the policy the update starts from: w = 2, 1, 0.5
+    live = torch.tensor([[0.9, 0.6, 0.3]]).log()  # r = live / proximal = 1.5, 1.2, 1.5
     mask = torch.ones(1, 3)
-    assert torch.allclose(importance_weights(train, rollout, mask), torch.tensor([[2.0, 1.0, 0.5]]))
-    assert importance_weights(train, rollout, mask, mode="mask", threshold_low=0.6).tolist() == [[0.0, 1.0, 0.0]]
-    sequence = importance_weights(train, rollout, mask, level="sequence", threshold_high=10.0)
-    assert torch.allclose(sequence, torch.full((1, 3), 1.5))
-    metrics = mismatch_metrics(train, rollout, mask)
+    weights = importance_weights(proximal, rollout, mask, mode="decoupled", threshold_high=1.5)
+    loss, _ = policy_loss(live, proximal, torch.tensor([1.0]), mask, token_weights=weights)
+    # A = 1: -min(r, clip(r, 0.8, 1.2)) = -1.2 each; weighted 0 (w = 2 > 1.5: dropped), -1.2, -0.6; the
+    # dropped token still counts in the token mean, as in AReaL: -1.8 / 3
+    assert loss.item() == pytest.approx(-0.6)
+
+
+def test_an_unknown_correction_mode_or_level_lists_the_known_ones():
+    from rlx.algo.correction import importance_weights
+
+    assert registry.names("correction") == ["truncate", "mask", "decoupled"]
+    with pytest.raises(
+        ValueError, match="unknown rollout correction mode 'clip'; registered: truncate, mask, decoupled"
+    ):
+        importance_weights(TRAIN, ROLLOUT, RESPONSE, mode="clip")
+    with pytest.raises(ValueError, match="unknown correction level 'word': token or sequence"):
+        importance_weights(TRAIN, ROLLOUT, RESPONSE, level="word")
+
+
+def test_correction_metrics_count_the_weights_applied_to_response_tokens():
+    from types import SimpleNamespace
+
+    from rlx.config import load
+    from rlx.stages.train import attach_weights, correction_metrics
+
+    def metrics(*overrides):
+        config = load(None, [f"train_worker_cfg.loss_cfg.rollout_correction.{o}" for o in overrides])
+        correction = config.train_worker_cfg.loss_cfg.rollout_correction
+        micros = [  # float32, as the trainer's log-probs
+            SimpleNamespace(indices=[i], old_logp=TRAIN[i : i + 1].float(), rollout_logp=ROLLOUT[i : i + 1].float(),
+                            batch=SimpleNamespace(mask=RESPONSE[i : i + 1].float()), token_weights=None)
+            for i in range(2)
+        ]  # fmt: skip
+        attach_weights(correction, micros, torch.zeros(2))
+        return correction_metrics(correction, micros, RESPONSE.flatten())
+
+    assert metrics() == {}  # off
+    # a cap float32 cannot hold exactly still counts the token capped at it. Applied 2.2, 1, 0.5, 2, 2
+    truncated = metrics("enabled=true", "threshold_high=2.2")
+    assert truncated == pytest.approx({
+        "correction/weight_mean": 7.7 / 5, "correction/weight_max": 2.2,
+        "correction/dropped_frac": 0.0, "correction/truncated_frac": 0.2,
+    })  # fmt: skip
+    # applied 0, 1, 0.5, 2, 2: the padding's weight 1 is not counted, nothing is truncated
+    assert metrics("enabled=true", "mode=decoupled", "threshold_high=2.5") == pytest.approx({
+        "correction/weight_mean": 1.1, "correction/weight_max": 2.0, "correction/dropped_frac": 0.2,
+    })  # fmt: skip
+    masked = metrics("enabled=true", "mode=mask", "threshold_high=2.5", "threshold_low=0.6")  # applied 0, 1, 0, 1, 1
+    assert masked["correction/dropped_frac"] == pytest.approx(0.4) and "correction/truncated_frac" not in masked
+
+
+def test_mismatch_metrics_are_the_raw_ratio():
+    from rlx.algo.correction import mismatch_metrics
+
+    metrics = mismatch_metrics(TRAIN, ROLLOUT, RESPONSE)
     assert metrics["mismatch/is_weight_max"] == pytest.approx(3.0)
-    assert mismatch_metrics(train, train, mask)["mismatch/k3_kl"] == 0.0
+    assert metrics["mismatch/is_weight_mean"] == pytest.approx((3 + 1 + 0.5 + 2 + 2) / 5)
+    assert mismatch_metrics(TRAIN, TRAIN, RESPONSE)["mismatch/k3_kl"] == 0.0
 
 
 def test_overlong_penalty_ramps_in_the_buffer():

@@ -68,6 +68,7 @@ SECTION_CASES = [
     ("replay_buffer_config.max_prompt_length=0", "replay_buffer_config.max_prompt_length: Input should be greater than 0; got 0"),
     ("train_worker_cfg.deepspeed.zero_stage=4", "train_worker_cfg.deepspeed.zero_stage: Input should be 0, 1, 2 or 3; got 4"),
     ("train_worker_cfg.loss_cfg.kl_loss_type=k9", "train_worker_cfg.loss_cfg.kl_loss_type: Input should be a registered KL estimator: 'k1', 'k2', 'k3' or 'abs'; got 'k9'"),
+    ("train_worker_cfg.loss_cfg.rollout_correction.mode=clip", "train_worker_cfg.loss_cfg.rollout_correction.mode: Input should be a registered rollout correction mode: 'truncate', 'mask' or 'decoupled'; got 'clip'"),
     ("train_worker_cfg.lr_cfg.warmup_ratio=1", "train_worker_cfg.lr_cfg.warmup_ratio: Input should be less than 1; got 1"),
     ("evaluator_config.evaluate_step=0", "evaluator_config.evaluate_step: Input should be greater than 0; got 0"),
     ("advantage_estimator_config.eps=0", "advantage_estimator_config.eps: Input should be greater than 0; got 0"),
@@ -142,6 +143,18 @@ def test_lmdeploy_training_rollouts_at_another_temperature_are_refused(monkeypat
         config.load(PARAMS, [*lmdeploy, "dataflow_config.sample_params.temperature=0.7"])
     assert config.load(PARAMS, lmdeploy).rollout_config.backend == "lmdeploy"
     assert config.load(PARAMS, [*lmdeploy, "dataflow_config.sample_params.temperature=0"])
+
+
+def test_a_lower_bound_the_correction_mode_cannot_use_is_refused():
+    correction = "train_worker_cfg.loss_cfg.rollout_correction"
+    with pytest.raises(ConfigError) as caught:
+        config.load(PARAMS, [f"{correction}.mode=decoupled", f"{correction}.threshold_low=0.3"])
+    assert str(caught.value) == (
+        f"{PARAMS}: invalid configuration: {correction}.threshold_low: mode 'decoupled' has no lower bound, so "
+        "threshold_low would change nothing; leave it at 0.5 or use mode 'mask'; got 0.3"
+    )
+    assert config.load(PARAMS, [f"{correction}.mode=mask", f"{correction}.threshold_low=0.3"])
+    assert config.load(PARAMS, [f"{correction}.mode=decoupled", f"{correction}.threshold_low=0.5"])
 
 
 def test_missing_file_is_named(tmp_path):

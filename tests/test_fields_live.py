@@ -99,6 +99,7 @@ CENTRAL = {  # field: a paper its description cites
     "train_worker_cfg.loss_cfg.policy_loss_cfg.loss_type": "2507.18071",
     "judger_config.overlong_buffer.len": "DAPO",
     "train_worker_cfg.loss_cfg.rollout_correction.threshold_high": "Yao et al.",
+    "train_worker_cfg.loss_cfg.rollout_correction.mode": "2110.00641",
 }
 
 

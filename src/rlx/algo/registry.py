@@ -16,8 +16,9 @@ KINDS = {
     "policy_loss": "policy loss",
     "kl": "KL estimator",
     "loss_agg": "loss aggregation",
+    "correction": "rollout correction mode",
 }
-_MODULES = ("rlx.algo.advantages", "rlx.algo.losses", "rlx.algo.kl")
+_MODULES = ("rlx.algo.advantages", "rlx.algo.losses", "rlx.algo.kl", "rlx.algo.correction")
 _TABLES: dict[str, dict[str, tuple[Callable, dict[str, Any]]]] = {kind: {} for kind in KINDS}
 
 

@@ -63,6 +63,9 @@ KLName = registered("kl")
 LossAggName = registered("loss_agg")
 
 
+CorrectionName = registered("correction")
+
+
 def unsupported_reason(field) -> str | None:
     """Why a field is refused unless left at its default (see :func:`unsupported`), or None."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}  # or a schema hook

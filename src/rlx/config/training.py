@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from rlx.config.fields import AdvantageName, KLName, LossAggName, PolicyLossName, Section
+from rlx.algo import registry
+from rlx.config.fields import AdvantageName, CorrectionName, KLName, LossAggName, PolicyLossName, Section
 
 
 class AdamWConfig(Section):
@@ -61,18 +62,48 @@ class PolicyLossConfig(Section):
 
 
 class RolloutCorrectionConfig(Section):
-    """rlx addition: importance weights for the rollout/train log-prob mismatch (off by default), after
-    Yao et al. (2025), "Your efficient RL framework secretly brings you off-policy RL training"."""
+    """rlx addition: importance weights for off-policy rollouts (off by default): the rollout engine's
+    log-probs differ from the trainer's (Yao et al. (2025), "Your efficient RL framework secretly brings
+    you off-policy RL training"), and asynchronous rollouts come from an older policy (AReaL, arXiv
+    2505.24298)."""
 
-    enabled: bool = Field(False, description="Weight the loss by pi_train / pi_rollout (mismatch/* is logged always).")
+    enabled: bool = Field(
+        False,
+        description="Weight the loss by pi_train / pi_rollout (mismatch/* is logged always, correction/* when on).",
+    )
     level: Literal["token", "sequence"] = Field("token", description="One weight per token (TIS) or per sequence.")
-    mode: Literal["truncate", "mask"] = Field(
-        "truncate", description="truncate: cap the weight at threshold_high (truncated IS, TIS); mask: drop."
+    mode: CorrectionName = Field(
+        "truncate",
+        description="truncate: cap the weight at threshold_high (truncated IS, TIS); mask: drop tokens whose "
+        "weight leaves [threshold_low, threshold_high]; decoupled: decoupled PPO (Hilton et al., arXiv 2110.00641), "
+        "AReaL's objective (arXiv 2505.24298) for rollouts of a stale policy (dataflow_config.max_staleness >= 1): "
+        "the clip acts on pi_theta / pi_train and each token's loss is weighted by pi_train / pi_rollout, dropped "
+        "above threshold_high.",
     )
     threshold_high: float = Field(
-        2.0, gt=1, description="The weight's cap (truncate) or upper bound (mask); Yao et al. cap at 2."
+        2.0,
+        gt=1,
+        description="The weight's cap (truncate), upper bound (mask) or the weight above which a token is dropped "
+        "(decoupled: AReaL's behav_imp_weight_cap); Yao et al. cap at 2.",
     )
-    threshold_low: float = Field(0.5, gt=0, lt=1, description="Lower bound of the mask mode.")
+    threshold_low: float = Field(
+        0.5, gt=0, lt=1, description="Lower bound of the mask mode; the other modes have none and refuse it."
+    )
+
+    @field_validator("threshold_low")
+    @classmethod
+    def _read_by_the_mode(cls, value: float, info: ValidationInfo) -> float:
+        """A lower bound that the mode has no use for would be silently ignored: refused unless default."""
+        mode, default = info.data.get("mode"), cls.model_fields["threshold_low"].default
+        if value == default or mode is None:  # no mode: its own check already failed
+            return value
+        bounded = registry.names("correction", lower_bound=True)
+        if mode not in bounded:
+            raise ValueError(
+                f"mode {mode!r} has no lower bound, so threshold_low would change nothing; leave it at "
+                f"{default} or use mode {' or '.join(map(repr, bounded))}"
+            )
+        return value
 
 
 class LossConfig(Section):

@@ -22,7 +22,8 @@ import pyarrow as pa
 import torch
 
 from rlx.algo import advantages as adv
-from rlx.algo.correction import importance_weights, mismatch_metrics
+from rlx.algo import registry
+from rlx.algo.correction import importance_weights, mismatch_metrics, weight_metrics
 from rlx.algo.kl import adaptive_kl_coef
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
@@ -173,15 +174,13 @@ def report(config: RLTrainerConfig, scored: Scored, metrics: dict) -> tuple[dict
     """The update's metrics completed (rollout/train mismatch, advantages, throughput) and its
     per-response numbers."""
     kept = [m for micros in scored.minis for m in micros if m.weight]
-    mismatch = mismatch_metrics(
-        all_ranks(m.old_logp for m in kept),
-        all_ranks(m.rollout_logp for m in kept),
-        all_ranks(m.batch.mask for m in kept),
-    )
+    mask = all_ranks(m.batch.mask for m in kept)
+    mismatch = mismatch_metrics(all_ranks(m.old_logp for m in kept), all_ranks(m.rollout_logp for m in kept), mask)
+    corrected = correction_metrics(config.train_worker_cfg.loss_cfg.rollout_correction, kept, mask)
     rollouts, timings = scored.rollouts, scored.timings
     tokens = sum(row["prompt_len"] + row["response_len"] for row in rollouts)
     busy = timings["time/train/forward_backward"] + timings["time/train/optimizer"]
-    metrics.update(mismatch | scored.extra | timings)
+    metrics.update(mismatch | corrected | scored.extra | timings)
     metrics.update({"train/advantages/abs_mean": scored.advantages.abs().mean().item(), "train/tokens": tokens})
     metrics["train/world_size"] = distributed.world_size()
     metrics["perf/train_tokens_per_s"] = tokens / busy
@@ -189,6 +188,17 @@ def report(config: RLTrainerConfig, scored: Scored, metrics: dict) -> tuple[dict
     for row, rollout in zip(numbers, rollouts, strict=True):  # rollouts older than the column: on-policy
         row["staleness"] = rollout["step"] - 1 - rollout.get("policy_step", rollout["step"] - 1)
     return metrics, numbers
+
+
+def correction_metrics(correction, kept: list[Micro], mask: torch.Tensor) -> dict:
+    """The weights rollout correction applied to every rank's response tokens (``mask``, gathered in
+    the order of ``kept``), none when it is off: what the loss learnt from, where ``mismatch/*`` says
+    only how far the two policies were apart."""
+    if not correction.enabled:
+        return {}
+    caps = correction.mode in registry.names("correction", caps=True)
+    weights = all_ranks(m.token_weights for m in kept)
+    return weight_metrics(weights, mask, cap=correction.threshold_high if caps else None)
 
 
 def shaped_rewards(config: RLTrainerConfig, minis, judged: list[dict], kl_coef: float):
