@@ -119,6 +119,7 @@ def untrained_model(tmp_path_factory):
 SHORT_RUN = [
     "run.step=1",  # the repo's params.yaml may point at a later step after a local `make fit`
     "run.prev=0",
+    "run.rollout_policy=0",
     "run.checkpoint=0",
     "rollout_steps=3",
     "dataflow_config.global_batch_size=4",
@@ -183,3 +184,34 @@ def dvc_status(project: Path) -> dict:
 
     with Repo(str(project)) as repo:
         return repo.status()
+
+
+def fit(project: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    """`rlx fit params.yaml` in a process of its own, killed at ``fault`` (rlx.store.faults) if given."""
+    env = child_env() | ({"RLX_FAULT": fault} if fault else {})
+    return subprocess.run(
+        [sys.executable, "-m", "rlx", "fit", "params.yaml"], cwd=project, env=env, capture_output=True, text=True
+    )
+
+
+def killed_and_resumed(project: Path, faults: list[str], steps: int) -> str:
+    """Kill `rlx fit` at each of ``faults`` in turn, then finish the run of ``steps`` steps; what went wrong,
+    if anything, else "resumed to the reference"."""
+    from rlx.run.tracking import read_tracker
+
+    for number, fault in enumerate(faults):
+        killed = fit(project, fault)
+        if killed.returncode != -9:
+            return f"RLX_FAULT={fault} did not kill the run:\n{killed.stderr[-3000:]}"
+        if number and "taking over from rlx fit" not in killed.stderr:
+            return f"RLX_FAULT={fault}: the killed run's lock was not noticed"
+    done = fit(project)
+    if done.returncode != 0:
+        return done.stderr[-3000:]
+    if [r["step"] for r in read_tracker(project / "runs/demo/tracker.jsonl")] != list(range(steps + 1)):
+        return "the tracker does not hold every step once"
+    if list((project / "runs/demo").glob("**/.*.tmp-*")):
+        return "a killed writer's temporary was left behind"
+    if status := dvc_status(project):
+        return f"dvc status: {status}"
+    return "resumed to the reference"

@@ -50,6 +50,7 @@ def inputs(untrained_model, tmp_path_factory) -> dict[str, Path]:
         "wandb.enabled=false",
         "run.step=1",  # the repo's params.yaml points at a later step after a local `make fit`
         "run.prev=0",
+        "run.rollout_policy=0",
         "run.checkpoint=0",
     ]
     params.write_text(rlx_config.to_yaml(rlx_config.load(params, overrides)))

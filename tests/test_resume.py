@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env, dvc_status, make_project
+from conftest import child_env, dvc_status, fit, killed_and_resumed, make_project
 from rlx.errors import UserError
 from rlx.lineage.record import edit_params
-from rlx.run.tracking import read_tracker
 from rlx.run.worklock import hold_work_dir
 from rlx.store.faults import POINTS
 from rlx.store.layout import ITERATION, RunLayout
@@ -32,7 +31,6 @@ from rlx.store.layout import ITERATION, RunLayout
 pytestmark = pytest.mark.slow
 
 STEPS = 2  # step 2 is the last: it evaluates, exports and prunes
-FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
 
 # Chains list points in the order a run reaches them, so that each rerun does reach its point. The
 # chains run side by side (each a project of its own): a process start is mostly one core's work.
@@ -72,11 +70,6 @@ def fresh_copy(pristine: Path, base: Path) -> Path:
     return Path(shutil.copytree(pristine, base / "project", symlinks=True))
 
 
-def fit(project: Path, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = child_env() | ({"RLX_FAULT": fault} if fault else {})
-    return subprocess.run(FIT, cwd=project, env=env, capture_output=True, text=True)
-
-
 def final_policy(project: Path) -> bytes:
     return (RunLayout(project / "runs/demo").step(STEPS).policy / "model.safetensors").read_bytes()
 
@@ -100,23 +93,7 @@ def test_killed_at_each_fault_point_resumes_to_the_same_weights(pristine, refere
 
 def kill_along(pristine: Path, base: Path, name: str) -> str:
     """Kill `rlx fit` at each point of chain ``name`` in turn, then finish the run; what went wrong, if anything."""
-    project = fresh_copy(pristine, base / name)
-    for number, fault in enumerate(CHAINS[name]):
-        killed = fit(project, fault)
-        if killed.returncode != -9:
-            return f"RLX_FAULT={fault} did not kill the run:\n{killed.stderr[-3000:]}"
-        if number and "taking over from rlx fit" not in killed.stderr:
-            return f"RLX_FAULT={fault}: the killed run's lock was not noticed"
-    done = fit(project)
-    if done.returncode != 0:
-        return done.stderr[-3000:]
-    if [r["step"] for r in read_tracker(project / "runs/demo/tracker.jsonl")] != list(range(STEPS + 1)):
-        return "the tracker does not hold every step once"
-    if list((project / "runs/demo").glob("**/.*.tmp-*")):
-        return "a killed writer's temporary was left behind"
-    if status := dvc_status(project):
-        return f"dvc status: {status}"
-    return "resumed to the reference"
+    return killed_and_resumed(fresh_copy(pristine, base / name), CHAINS[name], STEPS)
 
 
 @pytest.fixture(scope="module")

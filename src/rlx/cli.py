@@ -278,7 +278,9 @@ def show(
     step: Annotated[int | None, typer.Option(help="The step; default: the last completed one.")] = None,
     rows: Annotated[int, typer.Option(help="How many responses to list.")] = 24,
 ) -> None:
-    """A step's responses in a table: question, answer, extracted answer, reward, advantage."""
+    """A step's responses in a table: question, answer, extracted answer, reward, advantage, and how many
+    updates stale the policy that generated each was (dataflow_config.max_staleness)."""
+    import pandas as pd
     from rich.table import Table
 
     from rlx.explore import Run
@@ -289,12 +291,13 @@ def show(
             raise UserError(f"{run}: no step has finished yet; give one with --step")
         step = explored.steps()[-1]
     samples = explored.samples(step)
-    table = Table("group", "sample", "question", "response", "extracted", "reward", "advantage", "finish",
+    stale = step - 1 - samples.get("policy_step", pd.Series(step - 1, index=samples.index))  # runs before the column
+    table = Table("group", "sample", "question", "response", "extracted", "reward", "advantage", "finish", "stale",
                   title=f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}")  # fmt: skip
-    for row in samples.head(rows).itertuples():
+    for row, updates in zip(samples.head(rows).itertuples(), stale, strict=False):
         table.add_row(
             str(row.group), str(row.sample), row.question[:60], row.response_text[:60], str(row.extracted),
-            f"{row.reward:.2f}", f"{row.advantage:+.2f}", row.finish_reason,
+            f"{row.reward:.2f}", f"{row.advantage:+.2f}", row.finish_reason, str(updates),
         )  # fmt: skip
     console.print(table)
 

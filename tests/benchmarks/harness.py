@@ -35,6 +35,7 @@ def demo_overrides(steps: int) -> list[str]:
     return [
         "run.step=1",
         "run.prev=0",
+        "run.rollout_policy=0",
         "run.checkpoint=0",
         f"rollout_steps={steps}",
         f"dataflow_config.global_batch_size={FLOW.global_batch_size}",

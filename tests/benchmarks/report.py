@@ -246,8 +246,36 @@ def worker_figures(measured: dict) -> dict:
     return found
 
 
+def async_figures(measured: dict) -> dict:
+    """Asynchronous rollout (tests/benchmarks/test_async.py): the steady step against the synchronous one,
+    on the demo and by model size (issue 29's target: 0.8x), and the asynchronous demo step against TRL's
+    (target 0.85x)."""
+    found = {}
+    for name in ("demo step", "25M", "200M"):
+        if f"async/{name}" in measured:
+            value = measured[f"async/{name}"]
+            sides = {
+                side: {part: statistics.median(r[part] for r in runs) for part in runs[0]}
+                for side, runs in value["parts"].items()
+            }
+            found[f"async/{name}"] = {
+                "ratio": statistics.median(value["ratio_by_round"]),
+                **value,
+                "parts": sides,
+                "target": 0.8,
+            }
+    if "async_step/rlx" in measured and "async_step/trl" in measured:
+        runs = {name: measured[f"async_step/{name}"] for name in ("rlx", "trl")}
+        pairs = [
+            ratio(statistics.median(rlx["warm_step_s"]), statistics.median(trl["warm_step_s"]))
+            for rlx, trl in zip(runs["rlx"], runs["trl"], strict=True)
+        ]
+        found["async_step"] = {"ratio": statistics.median(pairs), "pair_ratios": pairs, "target": 0.85, "goal": 0.7}
+    return found
+
+
 def figures(measured: dict) -> dict:
-    found = worker_figures(measured)
+    found = worker_figures(measured) | async_figures(measured)
     if "step/rlx" in measured and "step/trl" in measured:
         runs = {name: measured[f"step/{name}"] for name in ("rlx", "trl")}
         steps = {name: [s for run in runs[name] for s in run["warm_step_s"]] for name in runs}
@@ -422,6 +450,7 @@ def table(results: dict) -> str:
             f"DVC's record of a step ran for a median {f['overhead']['median_dvc_record_s']:.2f} s in its own "
             "process, overlapping the next step.",
         ]
+    lines += async_table(f)
     if "scaling" in f:
         lines += ["", "| Scaling (prompts × 8 responses, tokens each) | Warm step | Peak RSS |", "|---|---|---|"]
         for name, s in f["scaling"].items():
@@ -450,6 +479,39 @@ def table(results: dict) -> str:
         for name, s in f["train_memory"].items():
             lines.append(f"| {name} | {s['micro_batches']} | {s['peak_rise_mb']:,.0f} MB |")
     return "\n".join(lines)
+
+
+def async_table(f: dict) -> list[str]:
+    """Asynchronous rollout against the synchronous step (and TRL), with where each side's step goes."""
+    lines = []
+    for name in ("demo step", "25M", "200M"):
+        if (a := f.get(f"async/{name}")) is None:
+            continue
+        if not lines:
+            lines += [
+                "",
+                "| Asynchronous rollout | Asynchronous | Synchronous | ratio | Target |",
+                "|---|---|---|---|---|",
+            ]
+        sync, late = a["parts"]["synchronous"], a["parts"]["asynchronous"]
+        lines.append(
+            f"| Steady step, {name}"
+            + (f" ({a['parameters'] / 1e6:.0f} M parameters, tiny batch)" if "parameters" in a else "")
+            + f" | {late['time/step']:.2f} s (rollout {late['time/rollout']:.2f}, train {late['time/train']:.2f}, "
+            f"wait {late['time/rollout_wait']:.2f}, policy sent {late['time/policy_send']:.2f}) "
+            f"| {sync['time/step']:.2f} s (rollout {sync['time/rollout']:.2f}, train {sync['time/train']:.2f}) "
+            f"| {a['ratio']:.2f}× (rounds: {', '.join(f'{r:.2f}' for r in a['ratio_by_round'])}) "
+            f"| ≤ {a['target']:.1f}×: {verdict(a['ratio'] <= a['target'])} |"
+        )
+    if "async_step" in f:
+        s = f["async_step"]
+        lines += [] if lines else ["", "| Asynchronous rollout | | | ratio | Target |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| Warm step, asynchronous demo / TRL `GRPOTrainer` | | | {s['ratio']:.2f}× (pairs: "
+            f"{', '.join(f'{r:.2f}' for r in s['pair_ratios'])}) | ≤ {s['target']:.2f}× (goal {s['goal']:.1f}×): "
+            f"{verdict(s['ratio'] <= s['target'])} |"
+        )
+    return lines
 
 
 def model_size_table(sizes: dict) -> list[str]:

@@ -26,6 +26,25 @@ from rlx.stages import is_complete, run_stage
 from rlx.store.layout import RunLayout
 
 
+def staleness_advice(config: RLTrainerConfig) -> str | None:
+    """What a run with ``max_staleness`` should know before it starts, if anything: whether generation
+    overlaps training here, and whether the update corrects for the lag."""
+    resources, staleness = config.resources, config.dataflow_config.max_staleness
+    if not staleness:
+        return None
+    advice = []
+    if not resources.num_rollout_workers:
+        advice.append(
+            "generation and update run in turn in this process (set resources.num_rollout_workers: 1 to overlap them)"
+        )
+    if not config.train_worker_cfg.loss_cfg.rollout_correction.enabled:
+        advice.append(
+            "the update does not correct for the lag (train_worker_cfg.loss_cfg.rollout_correction.mode: decoupled "
+            "is AReaL's objective for it)"
+        )
+    return f"dataflow_config.max_staleness {staleness}: {'; '.join(advice)}" if advice else None
+
+
 class RolloutsAhead:
     """The rollouts a step makes for the steps after it, in the background when rollout workers generate."""
 

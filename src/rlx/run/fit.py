@@ -25,7 +25,7 @@ from rlx.errors import UserError
 from rlx.lineage import dvcdeps, experiment
 from rlx.lineage.record import edit_params, point_at_step, repair_dvc_files
 from rlx.run import preflight
-from rlx.run.ahead import RolloutsAhead
+from rlx.run.ahead import RolloutsAhead, staleness_advice
 from rlx.run.recording import BackgroundCheckpoints, Finisher, newest_checkpoint, recording
 from rlx.run.resume import ensure_inputs, first_step_to_run, steps_to_run
 from rlx.run.tracking import Tracker
@@ -144,8 +144,9 @@ def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, int]:
         dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
     repair_dvc_files(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
-    if reason := clip_cannot_act(config):
-        log.warning(reason)
+    for advice in (clip_cannot_act(config), staleness_advice(config)):
+        if advice:
+            log.warning(advice)
     return config, first_step_to_run(config, RunLayout(config.work_dir))
 
 
