@@ -247,7 +247,7 @@ def worker_figures(measured: dict) -> dict:
 
 
 def async_figures(measured: dict) -> dict:
-    """Asynchronous rollout (tests/benchmarks/test_async.py): the steady step against the synchronous one,
+    """Asynchronous rollout (tests/benchmarks/test_async_speed.py): the steady step against the synchronous one,
     on the demo and by model size (issue 29's target: 0.8x), and the asynchronous demo step against TRL's
     (target 0.85x)."""
     found = {}
