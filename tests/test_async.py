@@ -95,6 +95,15 @@ def test_the_notebooks_and_the_terminal_show_each_responses_staleness(finished, 
     assert exited.value.code == 0 and "step 3" in capsys.readouterr().out
 
 
+def test_a_rerun_with_another_staleness_is_refused(finished):
+    from rlx.errors import UserError
+    from rlx.run.preflight import check_unchanged
+
+    config = load(finished / "params.yaml", ["dataflow_config.max_staleness=0", "run.rollout_policy=2"])
+    with pytest.raises(UserError, match=r"dataflow_config\.max_staleness"):
+        check_unchanged(config, RunLayout(finished / "runs/demo"))
+
+
 def test_the_stage_makes_a_steps_rollouts_again_as_the_run_made_them(finished, tmp_path):
     """`rlx stage rollout` of the last step, cold: the policy of step 1 replayed, sent to a new rollout
     worker, the same responses sampled."""
@@ -109,8 +118,9 @@ def test_the_stage_makes_a_steps_rollouts_again_as_the_run_made_them(finished, t
 
 def test_killed_in_the_rollout_thread_and_after_it_resumes_to_the_same_weights(pristine, finished, tmp_path):
     project = Path(shutil.copytree(pristine, tmp_path / "project", symlinks=True))
-    # step 2's rollouts are made in the background while step 1 trains (the second rollout of a fresh run)
-    outcome = killed_and_resumed(project, ["rollout.metrics@2", "train.optimizer_step", "step.commit"], STEPS)
+    # Step 2's rollouts are made in the background while step 1 trains (the second rollout of a fresh run):
+    # killed there, then (rerun) in step 1's update while they are made again.
+    outcome = killed_and_resumed(project, ["rollout.metrics@2", "train.optimizer_step"], STEPS)
     assert outcome == "resumed to the reference"
     expected, final = final_policy(finished), final_policy(project)
     assert all((final[name] == expected[name]).all() for name in expected), "weights differ after the kills"
