@@ -1,2 +1,3 @@
-"""The run: `rlx fit`'s loop over steps, the checks and lock before it starts, its tracker, and the
-process each training worker runs."""
+"""The run: `rlx fit`'s loop over steps (rlx.run.fit), the rollouts it makes ahead under
+``max_staleness`` (rlx.run.ahead), its record and resume, the checks and lock before it starts, and its
+tracker."""
