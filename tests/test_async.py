@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from safetensors.torch import load_file
 
@@ -52,6 +53,21 @@ def test_a_stale_run_is_told_what_it_lacks():
     assert staleness_advice(load(ROOT / "params.yaml")) is None
 
 
+def test_the_loss_forward_gives_the_log_probs_of_a_no_grad_pass(tiny_model):
+    """Why, with one update a step, the correction's weights come from the loss's own forward (no separate
+    pass): the policy's log-probs are the same bits with and without autograd."""
+    from rlx.training.loading import load_policy
+    from rlx.training.trainer import TokenBatch, token_logprobs
+
+    cfg, _ = tiny_model
+    model = load_policy(cfg.tiny_model.output_dir)
+    batch = TokenBatch.from_ids([[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14]], pad_id=0)
+    live = token_logprobs(model.train(), batch)[0].detach()
+    with torch.no_grad():
+        quiet = token_logprobs(model.eval(), batch)[0]
+    assert torch.equal(live, quiet)
+
+
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory, tiny_model) -> Path:
     project = make_project(tmp_path_factory.mktemp("async"), tiny_model)
@@ -84,6 +100,8 @@ def test_each_step_records_the_policy_that_generated_it(finished):
         assert f"runs/demo/step-{policy}/fingerprint.json" in {dep["path"] for dep in lock["deps"]}
     assert all(tracked[step]["time/rollout workers"] > 0 for step in (1, 2))  # step 3 makes none ahead
     assert "correction/weight_mean" in tracked[STEPS]
+    numbers = read_rows(layout.step(STEPS).update)  # the weights made in the loss's forward, no separate pass
+    assert {n["old_logprob_source"] for n in numbers} == {"loss forward"} and numbers[0]["is_weight_mean"] > 0
     assert dvc_status(finished) == {}
 
 

@@ -23,7 +23,7 @@ import torch
 
 from rlx.algo import advantages as adv
 from rlx.algo import registry
-from rlx.algo.correction import importance_weights, mismatch_metrics, weight_metrics
+from rlx.algo.correction import mismatch_metrics, weight_metrics
 from rlx.algo.kl import adaptive_kl_coef
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
@@ -36,6 +36,7 @@ from rlx.training import distributed
 from rlx.training.microbatch import (
     Micro,
     all_ranks,
+    correction_weights,
     kl_in_reward,
     micro_loss,
     prepare_micro_batches,
@@ -218,19 +219,12 @@ def shaped_rewards(config: RLTrainerConfig, minis, judged: list[dict], kl_coef: 
 
 
 def attach_weights(correction, micros: list[Micro], advantages: torch.Tensor) -> None:
-    """Give each micro-batch its advantages and, under rollout correction, its importance weights."""
+    """Give each micro-batch its advantages and, under rollout correction, its importance weights (those
+    whose old log-probs come from the loss's own forward get them there: rlx.training.microbatch.micro_loss)."""
     for micro in micros:
         micro.advantages = advantages[micro.indices]
-        if correction.enabled:
-            micro.token_weights = importance_weights(
-                micro.old_logp,
-                micro.rollout_logp,
-                micro.batch.mask,
-                level=correction.level,
-                mode=correction.mode,
-                threshold_high=correction.threshold_high,
-                threshold_low=correction.threshold_low,
-            )
+        if micro.old_logp is not None:
+            micro.token_weights = correction_weights(correction, micro)
 
 
 def apply_updates(config: RLTrainerConfig, step: int, minis, trainer, timings: dict) -> dict:

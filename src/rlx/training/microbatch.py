@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from rlx.algo import kl as kl_estimators
+from rlx.algo.correction import importance_weights
 from rlx.algo.losses import aggregate, policy_loss
-from rlx.config import LossConfig, RLTrainerConfig
+from rlx.config import LossConfig, RLTrainerConfig, RolloutCorrectionConfig
 from rlx.training import distributed
 from rlx.training.trainer import TokenBatch, token_logprobs
 
@@ -51,6 +52,7 @@ def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, 
     logp, entropy = token_logprobs(trainer.module, micro.batch, temperature)
     if micro.old_logp is None:  # the batch's only update: the policy has not moved yet (see reuses_old_logprobs)
         micro.old_logp = logp.detach()
+        micro.token_weights = correction_weights(loss_cfg.rollout_correction, micro)
     mask = micro.batch.mask
     options = {"global_tokens": micro.mini_tokens, "norm_length": norm_length}
     # token-mean divides by the mini-batch's token count itself; the per-sequence modes need weighting.
@@ -100,13 +102,25 @@ def trained_tokens(row: dict, loss_cfg: LossConfig) -> int:
 
 def reuses_old_logprobs(config: RLTrainerConfig) -> bool:
     """With one optimizer step per batch, the old log-probs are the live ones detached, so the loss's
-    forward gives them and the separate no-grad pass is skipped (as verl and TRL do) -- unless the
-    advantages need them first (KL in the reward, rollout-mismatch correction)."""
+    forward gives them and the separate no-grad pass is skipped (as verl and TRL do; the rollout
+    correction's weights are then made from them there) -- unless the advantages need them first (KL in
+    the reward)."""
     worker = config.train_worker_cfg
-    return (
-        worker.optimizer_steps == 1
-        and not config.advantage_estimator_config.use_kl_in_reward
-        and not worker.loss_cfg.rollout_correction.enabled
+    return worker.optimizer_steps == 1 and not config.advantage_estimator_config.use_kl_in_reward
+
+
+def correction_weights(correction: RolloutCorrectionConfig, micro: Micro) -> torch.Tensor | None:
+    """The micro-batch's importance weights under rollout correction (rlx.algo.correction), or None."""
+    if not correction.enabled:
+        return None
+    return importance_weights(
+        micro.old_logp,
+        micro.rollout_logp,
+        micro.batch.mask,
+        level=correction.level,
+        mode=correction.mode,
+        threshold_high=correction.threshold_high,
+        threshold_low=correction.threshold_low,
     )
 
 
