@@ -71,7 +71,12 @@ def fit_run(project: str, overrides: list[str], work_dir: str) -> dict:
 
     watcher = StepWatcher(Path(project) / work_dir)
     watcher.start()
-    history = fit(Path(project) / "params.yaml", [*overrides, f"work_dir={work_dir}"], console=Console(quiet=True))
+    params = Path(project) / "params.yaml"
+    pristine = params.read_text()
+    try:
+        history = fit(params, [*overrides, f"work_dir={work_dir}"], console=Console(quiet=True))
+    finally:  # `rlx fit` writes its overrides into params.yaml: the next workload must not inherit them
+        params.write_text(pristine)
     time.sleep(3 * watcher.poll_s)
     watcher.stop.set()
     watcher.join()
