@@ -53,6 +53,15 @@ def test_a_stale_run_is_told_what_it_lacks():
     assert staleness_advice(load(ROOT / "params.yaml")) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weights_cross_to_the_rollout_workers_as_arrays_and_come_back_the_same(dtype):
+    from rlx.workers.actors import as_arrays, as_tensors
+
+    weights = {"a": torch.randn(3, 4).to(dtype), "b": torch.randn(8).to(dtype)[2:6]}  # a view of a larger storage
+    back = as_tensors(as_arrays(weights))
+    assert all(back[name].dtype == dtype and torch.equal(back[name], weights[name]) for name in weights)
+
+
 def test_the_loss_forward_gives_the_log_probs_of_a_no_grad_pass(tiny_model):
     """Why, with one update a step, the correction's weights come from the loss's own forward (no separate
     pass): the policy's log-probs are the same bits with and without autograd."""

@@ -107,9 +107,7 @@ class Engines:
         policy merged, as LMDeploy gets it): from here, or an object-store reference to train rank 0's."""
         if self.workers is not None:
             return self.workers.policy_ref(step)
-        # Each tensor in a storage of its own: a view pickles its whole storage (DeepSpeed's flat buffers made a
-        # 5 MB policy take 0.5 s to put in Ray's object store), and GPU tensors must reach host memory anyway.
-        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in lora.full_weights(self.policy(step))}
+        return {name: tensor.detach().cpu() for name, tensor in lora.full_weights(self.policy(step))}
 
     def take_policy(self, step: int, weights: dict) -> None:
         """Hold ``weights`` as the policy after ``step`` steps: what a rollout worker is given by the trainer,

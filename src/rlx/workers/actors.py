@@ -7,11 +7,34 @@ import os
 import pickle
 import socket
 import time
+import warnings
 from collections.abc import Callable
+
+import torch
 
 from rlx.errors import UserError
 
 PLACEMENT_SECONDS = 120  # how long Ray may take to find room for the bundles before rlx gives up
+
+
+def as_arrays(weights: dict[str, torch.Tensor]) -> dict[str, tuple[object, str]]:
+    """A policy's weights as numpy arrays (and their torch dtypes) for Ray's object store, which keeps an
+    array's bytes as they are, where it pickles a tensor through torch.save (0.065 s against 0.2 s to put
+    the weights of a 25 M model there). bfloat16, which numpy lacks, travels as its 16 bits."""
+    return {
+        name: ((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).detach().cpu().numpy(), str(t.dtype))
+        for name, t in weights.items()
+    }
+
+
+def as_tensors(arrays: dict[str, tuple[object, str]]) -> dict[str, torch.Tensor]:
+    """The tensors of :func:`as_arrays`, over the object store's read-only memory (to be copied from)."""
+    with warnings.catch_warnings():  # read-only arrays: the tensors are only read, by load_state_dict
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {
+            name: torch.from_numpy(a).view(torch.bfloat16) if dtype == "torch.bfloat16" else torch.from_numpy(a)
+            for name, (a, dtype) in arrays.items()
+        }
 
 
 class Actor:

@@ -22,7 +22,7 @@ import torch
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
 from rlx.stages.train import replay
-from rlx.workers.actors import ActorGroup
+from rlx.workers.actors import ActorGroup, as_arrays
 from rlx.workers.cluster import ray_instance, worker_bundle
 from rlx.workers.judges import JudgePool
 from rlx.workers.worker import RolloutWorker, Worker
@@ -130,7 +130,7 @@ class RolloutPool(ActorGroup):
         """Give every rollout worker the policy after ``step`` steps (its weights, or a reference to them),
         put in the object store once for all of them; the driver's wait is counted in ``time/policy_send``."""
         started = time.perf_counter()
-        ref = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(weights)
+        ref = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(as_arrays(weights))
         self.call("hold", step, ref, what=f"loading the policy of step {step}")
         self.held = step
         self.counters["time/policy_send"] += time.perf_counter() - started

@@ -15,7 +15,7 @@ from rlx.samplers.types import Generation
 from rlx.stages import module, reseed
 from rlx.store.layout import RunLayout
 from rlx.training.distributed import free_port
-from rlx.workers.actors import Actor
+from rlx.workers.actors import Actor, as_arrays, as_tensors
 
 
 class RolloutWorker(Actor):
@@ -26,9 +26,9 @@ class RolloutWorker(Actor):
         os.chdir(project)  # the run's paths are relative to the project, as in the driver
         self.config, self.engines = config, Engines(config)
 
-    def hold(self, step: int, weights: dict) -> None:
-        """Sample from now on from ``weights``, the policy after ``step`` steps."""
-        self.engines.take_policy(step, weights)
+    def hold(self, step: int, arrays: dict) -> None:
+        """Sample from now on from the policy after ``step`` steps, sent as rlx.workers.actors.as_arrays."""
+        self.engines.take_policy(step, as_tensors(arrays))
 
     def generate(self, step: int, prompt_ids: Sequence[Sequence[int]], params: SampleParams, seed: int):
         """This worker's share of a rollout or evaluation, sampled from the policy after ``step`` steps."""
@@ -74,4 +74,4 @@ class Worker(RolloutWorker):
         import ray
 
         weights = self.engines.policy_to_send(step)
-        return ray.put(weights) if self.rank == 0 else None
+        return ray.put(as_arrays(weights)) if self.rank == 0 else None
