@@ -280,9 +280,9 @@ def show(
 ) -> None:
     """A step's responses in a table: question, answer, extracted answer, reward, advantage, and how many
     updates stale the policy that generated each was (dataflow_config.max_staleness)."""
-    import pandas as pd
     from rich.table import Table
 
+    from rlx.config import staleness
     from rlx.explore import Run
 
     explored = Run(run)
@@ -291,10 +291,10 @@ def show(
             raise UserError(f"{run}: no step has finished yet; give one with --step")
         step = explored.steps()[-1]
     samples = explored.samples(step)
-    stale = step - 1 - samples.get("policy_step", pd.Series(step - 1, index=samples.index))  # runs before the column
+    stale = [staleness(row) for row in samples.head(rows).to_dict("records")]
     table = Table("group", "sample", "question", "response", "extracted", "reward", "advantage", "finish", "stale",
                   title=f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}")  # fmt: skip
-    for row, updates in zip(samples.head(rows).itertuples(), stale, strict=False):
+    for row, updates in zip(samples.head(rows).itertuples(), stale, strict=True):
         table.add_row(
             str(row.group), str(row.sample), row.question[:60], row.response_text[:60], str(row.extracted),
             f"{row.reward:.2f}", f"{row.advantage:+.2f}", row.finish_reason, str(updates),

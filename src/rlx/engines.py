@@ -107,7 +107,7 @@ class Engines:
         policy merged, as LMDeploy gets it): from here, or an object-store reference to train rank 0's."""
         if self.workers is not None:
             return self.workers.policy_ref(step)
-        return {name: tensor.detach().cpu() for name, tensor in lora.full_weights(self.policy(step))}
+        return dict(lora.full_weights(self.policy(step)))
 
     def take_policy(self, step: int, weights: dict) -> None:
         """Hold ``weights`` as the policy after ``step`` steps: what a rollout worker is given by the trainer,
@@ -155,10 +155,8 @@ class Engines:
         root = self.replay_root(step)
         self.make_room_for_training()
         if self._trainer is not None and self._policy is self._trainer.module:
-            self._policy, self._policy_step = (
-                None,
-                None,
-            )  # the trainer moves: the policy it lent is no longer that step's
+            # the trainer moves: the policy it lent is no longer that step's
+            self._policy, self._policy_step = None, None
         if self._trainer_step is None or not root <= self._trainer_step < step:
             self._trainer = self.load_checkpoint(root, self.layout.step(max(1, step)).recorded_length())
             self._trainer_step = root

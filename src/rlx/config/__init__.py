@@ -24,7 +24,14 @@ from rlx.config.rollout import (
     RolloutConfig,
     SampleParams,
 )
-from rlx.config.trainer import LoadCheckpointConfig, RLTrainerConfig, RunPointer, WandbConfig, rollout_policy_step
+from rlx.config.trainer import (
+    LoadCheckpointConfig,
+    RLTrainerConfig,
+    RunPointer,
+    WandbConfig,
+    rollout_policy_step,
+    staleness,
+)
 from rlx.config.training import (
     AdamWConfig,
     AdvantageEstimatorConfig,
@@ -45,6 +52,6 @@ __all__ = [
     "KLControlConfig", "LRConfig", "LoadCheckpointConfig", "LoraConfig", "LossConfig", "OverlongBufferConfig",
     "PolicyLossConfig", "RLTrainerConfig", "ReplayBufferConfig", "RolloutConfig", "RolloutCorrectionConfig",
     "RunPointer", "SampleParams", "Section", "SyntheticTaskConfig", "TinyModelConfig", "WandbConfig", "WorkerConfig",
-    "apply_override", "json_schema", "load", "preset_overrides", "read_yaml", "rollout_policy_step", "to_yaml",
-    "unsupported_reason",
+    "apply_override", "json_schema", "load", "preset_overrides", "read_yaml", "rollout_policy_step", "staleness",
+    "to_yaml", "unsupported_reason",
 ]  # fmt: skip

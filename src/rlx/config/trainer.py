@@ -72,6 +72,12 @@ def rollout_policy_step(step: int, max_staleness: int) -> int:
     return max(0, step - 1 - max_staleness)
 
 
+def staleness(row: dict) -> int:
+    """How many updates a rollout row's policy lags the one its step trains: the inverse of
+    :func:`rollout_policy_step` (a row written before the ``policy_step`` column: 0, on-policy)."""
+    return row["step"] - 1 - row.get("policy_step", row["step"] - 1)
+
+
 class RLTrainerConfig(Section):
     """The whole run. Mirrors XTuner v1's ``RLTrainerConfig``."""
 

@@ -58,8 +58,10 @@ class RolloutsAhead:
     def start(self, step: int) -> None:
         """Before step ``step``'s stages: the missing rollouts of steps ``step`` to ``step + k`` (usually only
         the last, which the policy held now generates); the last in the background if it can be."""
+        if not self.staleness:
+            return  # each step's rollout stage makes its own
         layout = RunLayout(self.config.work_dir)
-        upto = min(step + self.staleness, self.total) if self.staleness else step - 1
+        upto = min(step + self.staleness, self.total)
         missing = [n for n in range(step, upto + 1) if not is_complete("rollout", n, layout)]
         for number in missing:
             run_stage("prepare", self.config, number, self.engines)  # cheap; it reseeds the RNGs: not in a thread

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from rlx import seeds
-from rlx.config import RLTrainerConfig, rollout_policy_step
+from rlx.config import RLTrainerConfig, rollout_policy_step, staleness
 from rlx.judgers import Panel
 from rlx.judgers.rows import VERDICT, judge_rollouts
 from rlx.store.artifacts import read_rows, write_rows
@@ -94,11 +94,11 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     seconds = time.perf_counter() - started
     write_rows(rows, paths.rollouts)
     lengths = [row["response_len"] for row in rows]
-    staleness = [step - 1 - row["policy_step"] for row in rows]  # updates between generation and training
+    lags = [staleness(row) for row in rows]
     return {
         **metrics,
-        "async/staleness/mean": sum(staleness) / len(staleness),
-        "async/staleness/max": max(staleness),
+        "async/staleness/mean": sum(lags) / len(lags),
+        "async/staleness/max": max(lags),
         "response/response_len/mean": sum(lengths) / len(lengths),
         "response/response_len/max": max(lengths),
         "response/truncated_frac": sum(row["finish_reason"] == "length" for row in rows) / len(rows),

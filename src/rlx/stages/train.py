@@ -25,7 +25,7 @@ from rlx.algo import advantages as adv
 from rlx.algo import registry
 from rlx.algo.correction import mismatch_metrics, weight_metrics
 from rlx.algo.kl import adaptive_kl_coef
-from rlx.config import RLTrainerConfig
+from rlx.config import RLTrainerConfig, staleness
 from rlx.errors import UserError
 from rlx.lineage.fingerprint import first_difference, parameter_names
 from rlx.stages.curves import write_curve
@@ -186,8 +186,8 @@ def report(config: RLTrainerConfig, scored: Scored, metrics: dict) -> tuple[dict
     metrics["train/world_size"] = distributed.world_size()
     metrics["perf/train_tokens_per_s"] = tokens / busy
     numbers = per_response_numbers(config, scored.rewards, scored.kl, scored.advantages, kept, len(rollouts))
-    for row, rollout in zip(numbers, rollouts, strict=True):  # rollouts older than the column: on-policy
-        row["staleness"] = rollout["step"] - 1 - rollout.get("policy_step", rollout["step"] - 1)
+    for row, rollout in zip(numbers, rollouts, strict=True):
+        row["staleness"] = staleness(rollout)
     return metrics, numbers
 
 

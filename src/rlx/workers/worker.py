@@ -22,9 +22,9 @@ class RolloutWorker(Actor):
     """A rollout worker apart from the trainers (``resources.num_rollout_workers``): a rollout engine that
     samples from the policy the trainer last gave it."""
 
-    def __init__(self, config: RLTrainerConfig, project: str):
+    def __init__(self, config: RLTrainerConfig, project: str, replay: Callable | None = None):
         os.chdir(project)  # the run's paths are relative to the project, as in the driver
-        self.config, self.engines = config, Engines(config)
+        self.config, self.engines = config, Engines(config, replay)
 
     def hold(self, step: int, arrays: dict) -> None:
         """Sample from now on from the policy after ``step`` steps, sent as rlx.workers.actors.as_arrays."""
@@ -40,9 +40,10 @@ class Worker(RolloutWorker):
     """A train worker: a rollout worker (colocated) that is also a DeepSpeed rank and holds its own policy."""
 
     def __init__(self, config: RLTrainerConfig, project: str, rank: int, world_size: int, replay: Callable):
-        os.chdir(project)
-        self.config, self.rank, self.world_size = config, rank, world_size
-        self.engines = Engines(config, replay)  # replay: the train stage's, handed in as the driver's Engines gets it
+        super().__init__(
+            config, project, replay
+        )  # replay: the train stage's, handed in as the driver's Engines gets it
+        self.rank, self.world_size = rank, world_size
 
     def rendezvous_port(self) -> int:
         return free_port()
@@ -73,5 +74,5 @@ class Worker(RolloutWorker):
         first makes sure it holds it: a replay is collective)."""
         import ray
 
-        weights = self.engines.policy_to_send(step)
-        return ray.put(as_arrays(weights)) if self.rank == 0 else None
+        self.engines.policy(step)
+        return ray.put(as_arrays(self.engines.policy_to_send(step))) if self.rank == 0 else None
