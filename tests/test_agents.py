@@ -166,6 +166,7 @@ def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_toke
     tokens equal the rollout's, judgers score the final answer, and the tools' use is counted."""
     from conftest import demo_config
     from rlx.engines import Engines
+    from rlx.explore import segments
     from rlx.judgers.rows import judge_rollouts
     from rlx.stages.rollout import sample_groups
     from rlx.training.trainer import token_logprobs
@@ -188,6 +189,7 @@ def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_toke
     row = rows[0]
     assert row["response_ids"] == call + tool + answer
     assert row["response_mask"] == [1] * len(call) + [0] * len(tool) + [1] * len(answer)
+    assert segments(row["response_ids"], row["response_mask"]) == [(1, call), (0, tool), (1, answer)]  # Run.turns
     tokenizer = engines.tokenizer
     context = prompt + call
     assert (
