@@ -76,9 +76,11 @@ class Chain:
         results: list[Outcome] = []
         for index, future in enumerate(self.futures):
             try:
-                results.append(await asyncio.wait_for(asyncio.wrap_future(future), self.left(index, timeout)))
+                if not future.done():  # (a done one is taken as is: the loop may come to it past its deadline)
+                    await asyncio.wait_for(asyncio.wrap_future(future), self.left(index, timeout))
             except TimeoutError:
                 return results + [timed_out(timeout)] + [SKIPPED] * (len(self.futures) - index - 1)
+            results.append(future.result())
         return results
 
 
