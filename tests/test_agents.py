@@ -211,3 +211,18 @@ def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_toke
         "agent/turns/mean": 2.0, "agent/tool_calls": 2, "agent/tool_call_frac": 1.0, "agent/tool_errors": 0,
         "agent/tool_timeouts": 0, "agent/max_turns_frac": 0.0,
     }  # fmt: skip
+
+
+def test_the_calculator_computes_exactly_and_runs_no_code():
+    from rlx.tasks.calculator import calculator, expression
+
+    assert [calculator(e) for e in ("4821 + 3977", "(12 - 4.5) / 3", "10 / 4 * 2", "1 / 3")] == [
+        "8798",
+        "2.5",
+        "5",
+        "0.3333333333",
+    ]
+    for bad in ("2 ** 3", "__import__('os')", "x"):
+        with pytest.raises(ValueError, match="only numbers"):
+            calculator(bad)
+    assert expression("5 + 3 = 8\n8 * 2 = 16\n#### 16") == "(5 + 3) * 2"

@@ -1,8 +1,8 @@
-"""The demo agent's tool: integer arithmetic the tiny model cannot do in its head
-(``configs/agent.yaml``: ``tools: [rlx.tasks.calculator:calculator]``).
+"""The agents' calculator (``tools: [rlx.tasks.calculator:calculator]``): arithmetic the tiny demo model
+cannot do in its head (``configs/agent.yaml``), and GSM8K's (``configs/gpu/gsm8k_qwen2.5_0.5b_agent.yaml``).
 
-The expression is parsed, never evaluated as code: numbers, ``+``, ``-``, ``*``, unary minus and
-parentheses only, so model output cannot run anything.
+The expression is parsed, never evaluated as code: numbers, ``+``, ``-``, ``*``, ``/``, unary minus and
+parentheses only, computed exactly (fractions), so model output cannot run anything.
 """
 
 from __future__ import annotations
@@ -10,18 +10,19 @@ from __future__ import annotations
 import ast
 import json
 import operator
+from fractions import Fraction
 
 from rlx.agents.format import tool_turn_ids
 
-OPERATIONS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+OPERATIONS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 MAX_CHARS = 200  # bounds the numbers a product of literals can reach
 
 
 def calculator(expression: str) -> str:
-    """Compute an arithmetic expression of whole numbers.
+    """Compute an arithmetic expression exactly.
 
     Args:
-        expression: Whole numbers joined by +, - and *, with parentheses, e.g. "4821 + 3977".
+        expression: Numbers joined by +, -, * and /, with parentheses, e.g. "4821 + 3977" or "(12 - 4.5) / 3".
     """
     if len(expression) > MAX_CHARS:
         raise ValueError(f"expression longer than {MAX_CHARS} characters")
@@ -29,17 +30,18 @@ def calculator(expression: str) -> str:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError:
         raise ValueError(f"not an arithmetic expression: {expression!r}") from None
-    return str(value(tree.body))
+    result = value(tree.body)
+    return str(result.numerator) if result.denominator == 1 else f"{float(result):.10g}"
 
 
-def value(node: ast.AST) -> int:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
+def value(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return Fraction(repr(node.value))
     if isinstance(node, ast.BinOp) and type(node.op) in OPERATIONS:
         return OPERATIONS[type(node.op)](value(node.left), value(node.right))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -value(node.operand)
-    raise ValueError(f"only whole numbers, +, - and * are allowed, not {ast.unparse(node)!r}")
+    raise ValueError(f"only numbers, +, -, * and / are allowed, not {ast.unparse(node)!r}")
 
 
 def expression(solution: str) -> str:
