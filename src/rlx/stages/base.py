@@ -17,7 +17,8 @@ from rlx.training.loading import load_policy
 
 
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
-    write_json(fingerprint(load_policy(config.load_from)), paths.weights_fingerprint, indent=None)
+    policy = load_policy(config.load_from, strict=config.strict_load)
+    write_json(fingerprint(policy), paths.weights_fingerprint, indent=None)
     return evaluate.run(config, 0, paths, engines)
 
 
