@@ -99,7 +99,7 @@ def final_policy(project: Path) -> dict:
 
 def test_each_step_records_the_policy_that_generated_it(finished):
     layout = RunLayout(finished / "runs/demo")
-    tracked = {row["step"]: row for row in read_tracker(layout.tracker)}
+    tracked = {row["step"]: row for row in read_tracker(layout.work_dir / "tracker.jsonl")}
     for step in range(1, STEPS + 1):
         policy = rollout_policy_step(step, 1)
         assert {row["policy_step"] for row in read_rows(layout.step(step).rollouts)} == {policy}

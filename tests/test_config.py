@@ -271,3 +271,79 @@ def test_every_seed_the_config_takes_gives_part_seeds_torch_takes(seed):
         assert 0 <= derived < 2**63
         torch.manual_seed(derived)
     assert seeds.derive(42, 3) == 42 * seeds.SPREAD + 3  # the demo's seeds are what they were
+
+
+# ---- rlx.RLTrainer: XTuner v1's class over the same tree -------------------------------------------
+
+
+def test_rl_trainer_takes_xtuners_keywords_as_sections_or_dicts_over_the_defaults():
+    import inspect
+
+    from rlx import RLTrainer
+
+    named = set(inspect.signature(RLTrainer).parameters)
+    xtuner = {  # XTuner v1's RLTrainer.__init__ (xtuner/v1/train/rl_trainer.py, 2026-04)
+        "load_from", "resources", "cpu_resources", "rollout_config", "dataflow_config", "judger_config",
+        "replay_buffer_config", "train_worker_cfg", "evaluator_config", "tokenizer_path", "work_dir", "log_dir",
+        "total_epochs", "auto_resume", "load_checkpoint_cfg", "strict_load", "checkpoint_interval",
+        "checkpoint_maxkeep", "checkpoint_no_save_optimizer", "skip_checkpoint_validation", "hf_interval",
+        "hf_max_keep", "seed", "debug", "debug_rollout", "rollout_steps", "exp_tracker", "display_all_workers_log",
+        "trainer_cfg", "advantage_estimator_config", "enable_evaluate",
+    }  # fmt: skip
+    assert xtuner <= named and "run" not in named
+    as_objects = RLTrainer(
+        dataflow_config=config.DataFlowConfig(global_batch_size=4, prompt_repeat_k=4),
+        evaluator_config=config.EvaluatorConfig(evaluate_step=2),
+        enable_evaluate=False,
+        total_epochs=3,
+    )
+    as_dicts = RLTrainer(
+        dataflow_config={"global_batch_size": 4, "prompt_repeat_k": 4},
+        evaluator_config={"evaluate_step": 2, "enable_evaluate": True},
+        enable_evaluate=False,  # the shortcut wins
+        total_epochs=3,
+    )
+    expected = config.load(None, ["dataflow_config={global_batch_size: 4, prompt_repeat_k: 4}", "total_epochs=3",
+                                  "evaluator_config={evaluate_step: 2, enable_evaluate: false}"])  # fmt: skip
+    assert as_objects.config == as_dicts.config == expected
+    demo = config.load(PARAMS)
+    assert RLTrainer.from_config(demo).config == demo
+    assert RLTrainer(trainer_cfg=demo, seed=7).config == demo.model_copy(update={"seed": 7})
+
+
+@pytest.mark.parametrize(
+    ("keywords", "override"),
+    [
+        ({"dataflow_config": {"global_batch_size": -3}}, "dataflow_config.global_batch_size=-3"),
+        ({"train_worker_cfg": {"optim_cfg": {"lr": "abc"}}}, "train_worker_cfg.optim_cfg.lr=abc"),
+        ({"strict_laod": False}, "strict_laod=false"),
+        ({"display_all_workers_log": True}, "display_all_workers_log=true"),
+    ],
+)
+def test_a_bad_rl_trainer_parameter_gets_the_line_an_override_gets(keywords, override):
+    from rlx import RLTrainer
+
+    with pytest.raises(ConfigError) as from_python:
+        RLTrainer(**keywords)
+    with pytest.raises(ConfigError) as from_override:
+        config.load(None, [override])
+    assert str(from_python.value).removeprefix("RLTrainer: ") == str(from_override.value).removeprefix("config: ")
+    assert "\n" not in str(from_python.value)
+
+
+def test_rl_trainer_writes_only_the_fields_that_differ_into_the_params_file(tmp_path):
+    """What RLTrainer.fit hands `rlx fit` as overrides: applied to the params file (as `rlx fit -S` applies
+    them, keeping comments), they give the trainer's configuration; the demo's own gives none."""
+    from rlx import RLTrainer
+    from rlx.lineage.record import edit_params
+
+    demo = config.load(PARAMS)
+    assert config.overrides_between(demo, RLTrainer.from_config(demo).config) == []
+    trainer = RLTrainer(rollout_steps=2, train_worker_cfg={"lora": {"rank": 4}}, cpu_resources={"num_workers": 2})
+    overrides = config.overrides_between(demo, trainer.config)
+    assert "rollout_steps=2" in overrides and "dataflow_config.sample_params.max_tokens=64" in overrides
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS.read_text())
+    edit_params(params, overrides)
+    assert config.load(params) == trainer.config.model_copy(update={"run": demo.run})
+    assert "# base model: a HF folder" in params.read_text()

@@ -112,3 +112,90 @@ def test_central_rl_fields_cite_their_paper(path):
 def test_the_check_fails_on_a_field_nothing_reads():
     assert not is_read("bogus_unread_field")
     assert is_read("bogus_unread_field", SOURCE + "\nx = config.bogus_unread_field\n")
+
+
+# ---- XTuner's RLTrainer fields that rlx added in issue 32: each acts (log_dir and debug act in the run of
+# tests/test_pipeline.py, whose tracker and metrics they change) -----------------------------------
+
+
+def weights_damaged(folder: Path, drop: str) -> Path:
+    """A copy of a model folder whose weights miss ``drop`` and hold a tensor the model lacks."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    del weights[drop]
+    weights["model.extra.weight"] = weights["model.norm.weight"].clone()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def test_strict_load_refuses_weights_that_do_not_match_and_names_them(untrained_model, tmp_path, caplog):
+    import shutil
+
+    import torch
+
+    from rlx.errors import UserError
+    from rlx.training.loading import load_policy
+
+    drop = "model.layers.0.mlp.up_proj.weight"
+    folder = weights_damaged(Path(shutil.copytree(untrained_model[0].tiny_model.output_dir, tmp_path / "m")), drop)
+    with pytest.raises(UserError, match=rf"1 missing \({drop}\); 1 unexpected \(model.extra.weight\); .*strict_load"):
+        load_policy(folder)
+    first, again = (load_policy(folder, strict=False).state_dict()[drop] for _ in range(2))
+    assert torch.equal(first, again), "a missing weight must be drawn the same at every load (fingerprints compare)"
+    assert f"loaded with strict_load false; weights 1 missing ({drop})" in caplog.text
+
+
+def test_skip_checkpoint_validation_checks_sizes_not_hashes_and_says_so(tmp_path, caplog):
+    from rlx.engines import Engines
+    from rlx.errors import UserError
+    from rlx.store.artifacts import write_json
+    from rlx.store.integrity import folder_records
+
+    step = tmp_path / "step-2"
+    (step / "trainer_state").mkdir(parents=True)
+    state = step / "trainer_state" / "optim_states.pt"
+    state.write_bytes(b"\0" * 64)
+    write_json(folder_records([state], step), step / "checkpoint_outputs.json")
+    state.write_bytes(b"\1" * 64)  # corrupted, its size unchanged
+    with pytest.raises(UserError, match="checkpoint of step 2 is damaged .*contents differ from what was written"):
+        Engines(config.load(None, [f"work_dir={tmp_path}"])).check_files(2)
+    Engines(config.load(None, [f"work_dir={tmp_path}", "skip_checkpoint_validation=true"])).check_files(2)
+    assert "checkpoint of step 2: its files' hashes are not checked (skip_checkpoint_validation)" in caplog.text
+    state.write_bytes(b"\1" * 63)  # truncated: the sizes are still checked
+    with pytest.raises(UserError, match="63 bytes, 64 when written"):
+        Engines(config.load(None, [f"work_dir={tmp_path}", "skip_checkpoint_validation=true"])).check_files(2)
+
+
+def test_display_all_workers_log_acts_only_where_there_are_ray_actors():
+    with pytest.raises(config.ConfigError, match="display_all_workers_log true: the run has no Ray actors"):
+        config.load(None, ["display_all_workers_log=true"])
+    assert config.load(None, ["display_all_workers_log=true", "cpu_resources={num_workers: 1}"]).has_actors
+
+
+def test_an_actor_not_shown_keeps_its_lines_in_log_dir(tmp_path):
+    """Ray streams an actor's stdout and stderr to the console, each line after the actor's repr (its label);
+    an actor not shown writes them to log_dir/workers/ instead (checked in a process of its own, whose
+    descriptors it replaces)."""
+    import subprocess
+    import sys
+
+    from conftest import child_env
+
+    script = f"""
+import logging, sys
+from rlx.config import load
+from rlx.workers.actors import Actor
+config = load(None, ["log_dir={tmp_path / "logs"}", "cpu_resources={{num_workers: 2}}"])
+shown = Actor("worker 0", True, config, {str(tmp_path)!r})
+print(repr(shown), "shown", flush=True)
+hidden = Actor("judge 1", False, config, {str(tmp_path)!r})
+print(repr(hidden), "hidden", flush=True)
+logging.getLogger("rlx.judgers").warning("a judger's warning")
+"""
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "worker 0 shown\n" and "judger's warning" not in done.stderr
+    kept = (tmp_path / "logs" / "workers" / "judge-1.log").read_text()
+    assert "judge 1 hidden" in kept and "a judger's warning" in kept
+    assert sorted(p.name for p in (tmp_path / "logs" / "workers").iterdir()) == ["judge-1.log"]

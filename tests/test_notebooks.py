@@ -11,8 +11,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import ROOT, child_env, make_project
+from conftest import ROOT, child_env, dvc_status, make_project
 from rlx.cli import main
+from rlx.config import load
 from rlx.explore import Run, compare
 from rlx.run.fit import fit
 
@@ -46,9 +47,14 @@ def test_notebook_runs_top_to_bottom_and_draws(name, runs, tmp_path):
 
 
 def test_quickstart_starts_a_run_from_python_and_opens_it(tiny_model, tmp_path):
+    """The notebook builds an RLTrainer as XTuner's GRPO tutorial does; its fit writes the parameters into
+    params.yaml, which DVC records."""
     project = make_project(tmp_path, tiny_model)
     execute("quickstart", f"PROJECT = {str(project)!r}", tmp_path)
     assert Run(project / "runs" / "quickstart").steps() == [1, 2]
+    recorded = load(project / "params.yaml")
+    assert (recorded.rollout_steps, recorded.evaluator_config.evaluate_step, recorded.wandb.mode) == (2, 1, "disabled")
+    assert dvc_status(project) == {}
 
 
 def test_loaders_join_rollouts_judgments_and_advantages(runs):

@@ -26,9 +26,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, tiny_model):
-    """A project after an uninterrupted short `rlx fit`."""
+    """A project after an uninterrupted short `rlx fit`, its logs in a folder of their own, with finer timings."""
     project = make_project(tmp_path_factory.mktemp("fit"), tiny_model)
-    history = fit(project / "params.yaml", [])
+    history = fit(project / "params.yaml", ["log_dir=runs/logs", "debug=true"])
     return project, history
 
 
@@ -40,11 +40,14 @@ def test_fit_trains_logs_every_step_and_leaves_dvc_clean(finished):
     base = load_file(layout.step(0).policy / "model.safetensors")
     last = load_file(layout.step(3).policy / "model.safetensors")
     assert any((base[name] - last[name]).abs().max() > 0 for name in base), "the policy did not change"
-    records = read_tracker(layout.tracker)
+    records = read_tracker(project / "runs" / "logs" / "tracker.jsonl")  # log_dir
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert all("response/rewards/mean" in r and "train/loss" in r and "time/dvc" in r for r in records[1:])
     assert {r["step"] for r in records if "eval/accuracy" in r} == {0, 2, 3}
-    assert list((project / "runs" / "demo" / "wandb").glob("offline-run-*/run-*.wandb"))
+    finer = {"time/prepare/cpu", "time/train/cpu", "time/train/forward", "time/train/backward"}  # debug
+    assert all(finer <= set(r) for r in records[1:])
+    assert list((project / "runs" / "logs" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert not (layout.work_dir / "tracker.jsonl").exists() and not (layout.work_dir / "wandb").exists()
     assert dvc_status(project) == {}, "DVC must record exactly what the run produced"
 
 

@@ -98,13 +98,13 @@ def test_a_deleted_step_is_made_again_as_it_was(finished, tmp_path):
     project = copy(finished, tmp_path)
     layout = RunLayout(project / "runs/demo")
     kept = {name: (layout.step(1).dir / name).read_bytes() for name in ("fingerprint.json", "judged.parquet")}
-    logged = read_tracker(layout.tracker)
+    logged = read_tracker(layout.work_dir / "tracker.jsonl")
     shutil.rmtree(layout.step(1).dir)
     done = fit(project)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1 missing; making it again" in done.stderr
     assert {name: (layout.step(1).dir / name).read_bytes() for name in kept} == kept
-    assert layout.completed_steps() == [1, 2] and read_tracker(layout.tracker) == logged
+    assert layout.completed_steps() == [1, 2] and read_tracker(layout.work_dir / "tracker.jsonl") == logged
     assert dvc_status(project) == {}
 
 

@@ -1,7 +1,8 @@
 """rlx: reproducible RL post-training for language models, as a data-versioned DVC pipeline.
 
-From Python (a notebook): ``run = rlx.train("params.yaml", overrides=["rollout_steps=2"])`` runs or
-resumes the run as `rlx fit` does and returns its :class:`rlx.explore.Run`.
+From Python (a notebook), as XTuner v1's class: ``run = rlx.RLTrainer(rollout_steps=2, ...).fit()`` runs or
+resumes the run as `rlx fit` does and returns its :class:`rlx.explore.Run`; ``rlx.train("params.yaml",
+overrides=["rollout_steps=2"])`` does the same with `-S` overrides.
 """
 
 import importlib
@@ -14,8 +15,8 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 
 def __getattr__(name: str):
-    """``rlx.train``, imported on first use (by name: the pipeline's stages, whose code dependencies
-    are their import closure, never run it, and ``import rlx`` stays light)."""
-    if name == "train":
-        return importlib.import_module("rlx.api").train
+    """``rlx.RLTrainer`` and ``rlx.train``, imported on first use (by name: the pipeline's stages, whose code
+    dependencies are their import closure, never run them, and ``import rlx`` stays light)."""
+    if name in ("RLTrainer", "train"):
+        return getattr(importlib.import_module("rlx.api"), name)
     raise AttributeError(f"module 'rlx' has no attribute {name!r}")

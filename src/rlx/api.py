@@ -1,20 +1,25 @@
-"""The run from Python (a notebook): ``rlx.train`` does what `rlx fit` does, in this process."""
+"""The run from Python (a notebook): :class:`RLTrainer`, XTuner v1's class field for field, and
+``rlx.train``; both do what `rlx fit` does, in this process."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from rlx.config import ConfigError, RLTrainerConfig, load, overrides_between, validated
+from rlx.lineage.record import make_room_for_the_recorder
 
 
 def train(params="params.yaml", overrides=(), work_dir=None):
     """Run (or resume) the run of ``params`` as `rlx fit PARAMS -S ...` does, in this process, and return
     its :class:`rlx.explore.Run`. As with `-S`, the overrides (and ``work_dir``) are written into the
     params file, so DVC records what ran; paths in it are relative to its folder."""
-    from rlx.lineage.record import make_room_for_the_recorder
-
     make_room_for_the_recorder()
     from rich.console import Console
 
-    from rlx.config import load
     from rlx.explore import Run
     from rlx.run.fit import fit
 
@@ -22,3 +27,67 @@ def train(params="params.yaml", overrides=(), work_dir=None):
     overrides = [*overrides, *([f"work_dir={work_dir}"] if work_dir is not None else [])]
     fit(params, overrides, Console(force_jupyter=False))  # rich's Jupyter display recurses from the progress thread
     return Run(params.parent / load(params).work_dir)  # an absolute work_dir stays as it is
+
+
+class RLTrainer:
+    """XTuner v1's ``RLTrainer``: its keyword parameters are the fields of :class:`rlx.config.RLTrainerConfig`,
+    the tree params.yaml holds, each section given as rlx's config object or as a plain dict. A field
+    left out takes ``trainer_cfg``'s value when that is given, else its default (the tiny CPU demo's);
+    ``enable_evaluate`` is the shortcut for ``evaluator_config.enable_evaluate``. A bad parameter raises
+    :class:`rlx.config.ConfigError` with the field's path, the line `rlx fit -S` prints.
+
+    rlx addition: ``params``, the params file of the DVC project the run is made and recorded in.
+    :meth:`fit` writes the parameters into it and runs the run as `rlx fit` does::
+
+        trainer = RLTrainer(load_from="data/tiny-qwen3", dataflow_config={"global_batch_size": 4}, total_epochs=1)
+        run = trainer.fit()          # an rlx.explore.Run: run.history(), run.samples(step), ...
+    """
+
+    def __init__(self, *, params="params.yaml", trainer_cfg=None, enable_evaluate: bool | None = None, **fields):
+        make_room_for_the_recorder()  # validating the algorithms' names imports torch
+        if "run" in fields:
+            raise ConfigError("RLTrainer: run: the pipeline's pointer to its step, which fit sets; not a parameter")
+        tree = as_tree(trainer_cfg) if trainer_cfg is not None else {}
+        tree.update(fields)
+        if enable_evaluate is not None:
+            tree["evaluator_config"] = {**as_tree(tree.get("evaluator_config", {})), "enable_evaluate": enable_evaluate}
+        self.params = Path(params)
+        self.config = validated(tree, "RLTrainer")
+
+    @classmethod
+    def from_config(cls, config: RLTrainerConfig, params="params.yaml") -> RLTrainer:
+        """The trainer of a whole configuration (e.g. ``rlx.config.load("params.yaml")``)."""
+        return cls(params=params, trainer_cfg=config)
+
+    def fit(self):
+        """Run (or resume) the run: the fields that differ from what ``params`` holds are written into it
+        (its comments kept), as `rlx fit -S` writes overrides, so DVC records what ran; returns the run's
+        :class:`rlx.explore.Run`."""
+        return train(self.params, overrides_between(load(self.params), self.config))
+
+
+def as_tree(section: Any) -> dict:
+    """A section (or the whole config) as the dict that validates to it; a dict as a copy."""
+    return section.model_dump() if isinstance(section, BaseModel) else dict(section)
+
+
+def signature() -> inspect.Signature:
+    """RLTrainer's keyword parameters, as help() and a notebook's completion show them: every field of
+    the config (but ``run``) with its default, then XTuner's shortcuts and rlx's ``params``."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    fields = [
+        inspect.Parameter(
+            name, keyword, default=info.get_default(call_default_factory=True), annotation=info.annotation
+        )
+        for name, info in RLTrainerConfig.model_fields.items()
+        if name != "run"
+    ]
+    shortcuts = [
+        inspect.Parameter("enable_evaluate", keyword, default=None, annotation=bool | None),
+        inspect.Parameter("trainer_cfg", keyword, default=None, annotation=RLTrainerConfig | dict | None),
+        inspect.Parameter("params", keyword, default="params.yaml", annotation=str | Path),
+    ]
+    return inspect.Signature([*fields, *shortcuts])
+
+
+RLTrainer.__signature__ = signature()

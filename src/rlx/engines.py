@@ -68,14 +68,17 @@ class Engines:
     def reference(self):
         """The frozen base model, loaded only when a KL term needs it (not under LoRA: the trainer's
         base with its adapter switched off is the reference)."""
-        model = load_policy(self.config.load_from, self.config.rollout_config.dtype)
-        return model.requires_grad_(False)
+        return self.load(self.config.load_from, self.config.rollout_config.dtype).requires_grad_(False)
 
     @property
     def base(self) -> Path:
         """The model a LoRA adapter loads onto: checkpoint 0's copy of it (in the run's folder, found from any
         working directory) or, before that is written, ``load_from``."""
         return self.layout.step(0).policy if self.layout.holds_checkpoint(0) else self.config.load_from
+
+    def load(self, folder: Path, dtype: str = "float32", base: Path | None = None):
+        """A model folder loaded for inference as the run loads them (``strict_load``; rlx.training.loading)."""
+        return load_policy(folder, dtype, base, strict=self.config.strict_load)
 
     def policy(self, step: int):
         """The policy after ``step`` training steps (step 0: the base model), for generation: the
@@ -85,9 +88,9 @@ class Engines:
         if self._policy_step != step:
             if step in self.layout.checkpoints():
                 folder = self.layout.step(step).policy
-                self._policy = self.checked(load_policy(folder, base=self.base), step)
+                self._policy = self.checked(self.load(folder, base=self.base), step)
             elif step == 0:  # before checkpoint 0 is written (a cold `dvc repro` may run it later)
-                self._policy = load_policy(self.config.load_from)
+                self._policy = self.load(self.config.load_from)
             else:
                 self._policy = self.trainer(step).module
             self._policy_step = step
@@ -113,7 +116,7 @@ class Engines:
         """Hold ``weights`` as the policy after ``step`` steps: what a rollout worker is given by the trainer,
         loaded into a model of the base's shape made on first use."""
         if self._policy is None:
-            self._policy = load_policy(self.config.load_from, self.config.rollout_config.dtype).requires_grad_(False)
+            self._policy = self.load(self.config.load_from, self.config.rollout_config.dtype).requires_grad_(False)
         self._policy.load_state_dict(weights)
         self._policy_step = step
 
@@ -141,7 +144,7 @@ class Engines:
         """A new rollout engine for the model in ``folder`` (e.g. the model `rlx eval` scores)."""
         config = self.config.rollout_config
         if config.backend == "transformers":
-            return TransformersSampler(load_policy(folder, config.dtype), self.tokenizer, config)
+            return TransformersSampler(self.load(folder, config.dtype), self.tokenizer, config)
         from rlx.samplers.lmdeploy_backend import LMDeploySampler
 
         agent = self.config.dataflow_config.agent_loop_config is not None
@@ -193,6 +196,7 @@ class Engines:
             total_steps * worker.optimizer_steps,
             base_dir=self.base,
             seed=seeds.derive(self.config.seed, 0),  # a new LoRA adapter's initial A
+            strict=self.config.strict_load,
         )
         if step:
             self.checked(trainer.module, step, trainer.fingerprint, paths.trainer_state)
@@ -201,9 +205,15 @@ class Engines:
     def check_files(self, step: int) -> None:
         """Stop with one line if a file of step ``step``'s checkpoint is not what its writer hashed: the
         fingerprint checks the weights, this the optimizer state too (a read that leaves the files in the
-        page cache, where the load then finds them)."""
-        paths = self.layout.step(step)
-        if problem := first_changed(paths.dir, read_json(paths.outputs("checkpoint"))):
+        page cache, where the load then finds them). ``skip_checkpoint_validation``: their sizes only."""
+        paths, hashed = self.layout.step(step), not self.config.skip_checkpoint_validation
+        if not hashed:
+            log.warning(
+                "checkpoint of step %d: its files' hashes are not checked (skip_checkpoint_validation), only their "
+                "sizes; its weights are still checked against the step's fingerprint",
+                step,
+            )
+        if problem := first_changed(paths.dir, read_json(paths.outputs("checkpoint")), hashed=hashed):
             raise UserError(
                 f"checkpoint of step {step} is damaged ({problem}); remove its policy/ and trainer_state/ "
                 "and rlx re-creates them by replay from the checkpoint before"

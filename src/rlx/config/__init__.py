@@ -16,7 +16,17 @@ from rlx.config.data import DatasetConfig, ReplayBufferConfig
 from rlx.config.evaluation import EvalDatasetConfig, EvaluatorConfig
 from rlx.config.fields import ConfigError, Section, unsupported_reason
 from rlx.config.judging import JudgerConfig, JudgerItemConfig, OverlongBufferConfig
-from rlx.config.loading import apply_override, json_schema, load, preset_overrides, read_yaml, to_yaml
+from rlx.config.loading import (
+    apply_override,
+    changed,
+    json_schema,
+    load,
+    overrides_between,
+    preset_overrides,
+    read_yaml,
+    to_yaml,
+    validated,
+)
 from rlx.config.project import SyntheticTaskConfig, TinyModelConfig
 from rlx.config.rollout import (
     AcceleratorResourcesConfig,
@@ -53,6 +63,6 @@ __all__ = [
     "KLControlConfig", "LRConfig", "LoadCheckpointConfig", "LoraConfig", "LossConfig", "OverlongBufferConfig",
     "PolicyLossConfig", "RLTrainerConfig", "ReplayBufferConfig", "RolloutConfig", "RolloutCorrectionConfig",
     "RunPointer", "SampleParams", "Section", "SyntheticTaskConfig", "TinyModelConfig", "WandbConfig", "WorkerConfig",
-    "apply_override", "json_schema", "load", "preset_overrides", "read_yaml", "rollout_policy_step", "staleness",
-    "to_yaml", "unsupported_reason",
+    "apply_override", "changed", "json_schema", "load", "overrides_between", "preset_overrides", "read_yaml",
+    "rollout_policy_step", "staleness", "to_yaml", "unsupported_reason", "validated",
 ]  # fmt: skip

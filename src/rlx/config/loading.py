@@ -51,12 +51,36 @@ def preset_overrides(path: Path) -> list[str]:
             for key, value in node.items():
                 walk(f"{prefix}.{key}" if prefix else str(key), value)
         else:
-            overrides.append(
-                f"{prefix}={yaml.safe_dump(node, default_flow_style=True).strip().removesuffix('...').strip()}"
-            )
+            overrides.append(f"{prefix}={yaml_value(node)}")
 
     walk("", read_yaml(Path(path)))
     return overrides
+
+
+def yaml_value(value: Any) -> str:
+    """``value`` as the VALUE of a ``KEY=VALUE`` override, which :func:`apply_override` reads back equal."""
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip().removesuffix("...").strip()
+
+
+def changed(old: dict, new: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(path, old value, new value)`` for each leaf that differs between two config trees; a list, or a
+    section present on one side only (or null there), counts as one leaf."""
+    found = []
+    for key in sorted(set(old) | set(new), key=str):
+        before, after, path = old.get(key), new.get(key), f"{prefix}{key}"
+        if isinstance(before, dict) and isinstance(after, dict):
+            found += changed(before, after, f"{path}.")
+        elif before != after:
+            found.append((path, before, after))
+    return found
+
+
+def overrides_between(old: RLTrainerConfig, new: RLTrainerConfig) -> list[str]:
+    """The ``KEY=VALUE`` overrides that make a params file holding ``old`` hold ``new``, one per leaf that
+    differs, so the file keeps its comments and everything else as written. ``run`` is left out: it is
+    the pipeline's pointer, which `rlx fit` sets."""
+    trees = [config.model_dump(mode="json", exclude={"run"}) for config in (old, new)]
+    return [f"{path}={yaml_value(value)}" for path, _, value in changed(*trees)]
 
 
 def _list_index(items: list, part: str, path: str) -> int:
@@ -167,10 +191,15 @@ def load(path: str | Path | None = "params.yaml", overrides: list[str] | tuple[s
     tree = read_yaml(Path(path)) if path is not None else {}
     for override in overrides:
         apply_override(tree, override)
+    return validated(tree, str(path or "config"))
+
+
+def validated(tree: dict[str, Any], source: str) -> RLTrainerConfig:
+    """The config tree checked, or a ConfigError naming ``source`` and one line per bad field."""
     try:
         return RLTrainerConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(path or "config"))) from None
+        raise ConfigError(format_validation_error(exc, source)) from None
 
 
 def to_yaml(config: RLTrainerConfig) -> str:

@@ -32,12 +32,12 @@ class AcceleratorResourcesConfig(Section):
         1, gt=0, description="GPUs reserved per worker under accelerator GPU (XTuner's field); unused on CPU."
     )
     num_cpus_per_worker: float = Field(
-        1, gt=0, description="CPUs reserved per worker in its Ray bundle (XTuner: 8); fractions share a core."
+        1, gt=0, description="CPUs reserved per worker in its Ray bundle (XTuner: 12); fractions share a core."
     )
     cpu_memory_per_worker: int = Field(
         2 * 1024**3,
         ge=0,
-        description="Host memory in bytes reserved per worker in its Ray bundle (XTuner requires it); 0 reserves none.",
+        description="Host memory in bytes reserved per worker in its Ray bundle (XTuner: 16 GiB); 0 reserves none.",
     )
     pg_pack_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK",

@@ -84,10 +84,27 @@ class RLTrainerConfig(Section):
     load_from: Path = Field(Path("data/tiny-qwen3"), description="Base model: a HF folder.")
     tokenizer_path: Path = Field(Path("data/tiny-qwen3"), description="A HF tokenizer folder with a chat template.")
     work_dir: Path = Field(Path("runs/demo"), description="Every artifact of the run lives under it.")
+    log_dir: Path | None = Field(
+        None,
+        description="Where the tracker (tracker.jsonl or tensorboard/), W&B's files and, with Ray workers, the "
+        "log files of the workers not shown in the console (workers/) go (XTuner's field); null: work_dir.",
+    )
     total_epochs: int = Field(1, gt=0, description="Passes over the prompts (unless rollout_steps is set).")
     rollout_steps: int | None = Field(None, gt=0, description="If set, the run's length in steps (overrides epochs).")
     seed: int = Field(42, description="Seeds every stage (with the step), so a rerun repeats the run exactly.")
     auto_resume: bool = Field(True, description="rlx default on: a rerun continues where it stopped.")
+    strict_load: bool = Field(
+        True,
+        description="Refuse a model folder (load_from, a checkpoint's policy) whose weights miss a layer of the "
+        "model or hold one it lacks, naming them (XTuner's field). false: load it anyway, with a warning naming "
+        "them; a missing weight then keeps a seeded random initialization, the same at every load.",
+    )
+    skip_checkpoint_validation: bool = Field(
+        False,
+        description="Load a checkpoint without hashing its files against the list its writer recorded (only their "
+        "sizes are checked), with a warning: for checkpoints too large to read twice (XTuner's field). The "
+        "weights are still checked against the step's fingerprint.",
+    )
     checkpoint_interval: int = Field(
         10,
         description="Steps between checkpoints (full policy and optimizer state, written in the background); the "
@@ -108,8 +125,20 @@ class RLTrainerConfig(Section):
         "jsonl", description="Local tracker (XTuner default tensorboard)."
     )
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    debug: bool = Field(
+        False,
+        description="rlx's info and debug log lines (with their time and module), and finer timings in each "
+        "step's metrics: time/<stage>/cpu (the process's CPU seconds in each stage), time/train/forward and "
+        "time/train/backward (on a GPU after waiting for its queued work) (XTuner's field).",
+    )
     debug_rollout: bool = Field(
         False, description="`rlx fit` prepares, rolls out and judges the next step, prints its metrics and stops."
+    )
+    display_all_workers_log: bool = Field(
+        False,
+        description="With Ray actors (resources.num_workers > 1, num_rollout_workers, cpu_resources): every "
+        "actor's log lines in the console, each prefixed by its name (worker 1, judge 0, ...). false: only train "
+        "worker 0's; the others' go to log_dir/workers/NAME.log (XTuner's field).",
     )
     resources: AcceleratorResourcesConfig = Field(default_factory=AcceleratorResourcesConfig)
     cpu_resources: CPUResourcesConfig | None = Field(
@@ -160,6 +189,27 @@ class RLTrainerConfig(Section):
             raise ValueError(
                 f"advantage_estimator_config.k ({self.advantage_estimator_config.k}) cannot exceed "
                 f"dataflow_config.prompt_repeat_k ({group_size})"
+            )
+        return self
+
+    @property
+    def log_folder(self) -> Path:
+        """Where the run's logs go: ``log_dir``, or the work_dir."""
+        return Path(self.log_dir if self.log_dir is not None else self.work_dir)
+
+    @property
+    def has_actors(self) -> bool:
+        """Whether the run starts Ray actors: train workers, rollout workers or judge actors (rlx.workers)."""
+        resources = self.resources
+        return resources.on_ray or resources.num_rollout_workers > 0 or self.cpu_resources is not None
+
+    @model_validator(mode="after")
+    def _workers_to_show(self) -> RLTrainerConfig:
+        if self.display_all_workers_log and not self.has_actors:
+            raise ValueError(
+                "display_all_workers_log true: the run has no Ray actors whose log lines it could show "
+                "(resources.num_workers 1, no num_rollout_workers, no cpu_resources); every line is the `rlx fit` "
+                "process's own"
             )
         return self
 

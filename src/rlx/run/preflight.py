@@ -10,6 +10,7 @@ were made with (a step's record must say what it used).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import warnings
 from collections.abc import Iterator
@@ -18,17 +19,19 @@ from pathlib import Path
 import torch
 import yaml
 
-from rlx.config import RLTrainerConfig, RunPointer, to_yaml
+from rlx.config import RLTrainerConfig, RunPointer, changed, to_yaml
+from rlx.debugging import debug_logging
 from rlx.errors import UserError
 from rlx.run import worklock
 from rlx.store.artifacts import remove_temporaries, write_text
 from rlx.store.layout import STAGES, RunLayout
 from rlx.tasks.data import PromptPool, load_rows
 
-# Fields a resumed run may change: they decide what is logged or kept, or where the workers run (a run
+# Fields a resumed run may change: they decide what is logged, kept or checked, or where the workers run (a run
 # may resume on another cluster), never what a step computes (the number of workers does: it stays).
 CHANGEABLE_ON_RESUME = {
     *("auto_resume", "wandb", "exp_tracker", "debug_rollout", "checkpoint_maxkeep", "hf_max_keep"),
+    *("log_dir", "debug", "display_all_workers_log", "skip_checkpoint_validation"),
     *("resources.ray_address", "resources.num_cpus_per_worker", "resources.cpu_memory_per_worker"),
     "resources.pg_pack_strategy",
 }
@@ -37,17 +40,23 @@ CONVERTED_SETS = [Path("data/gsm8k/train.parquet"), Path("data/gsm8k/test.parque
 
 @contextlib.contextmanager
 def entered(params: Path, config: RLTrainerConfig) -> Iterator[bool]:
-    """What every way into a run goes through, `rlx fit` and `rlx stage` (so `dvc repro`) alike: in the
-    project's folder (paths in params.yaml are relative to it), the repository's lock, every check
-    before anything is written, then the run's lock; yields whether the work_dir existed before."""
+    """What every way into a run goes through, `rlx fit` and `rlx stage` (so `dvc repro`) alike: rlx's log
+    lines as ``debug`` asks, in the project's folder (paths in params.yaml are relative to it), the
+    repository's lock, every check before anything is written, then the run's lock; yields whether the
+    work_dir existed before."""
     project = Path(params).resolve().parent
-    with contextlib.chdir(project), worklock.hold_repository(project):
+    with debug_logging(config.debug), contextlib.chdir(project), worklock.hold_repository(project):
         check(config, project)
         existed = Path(config.work_dir).exists()
         with worklock.hold_work_dir(config.work_dir):
-            for folder in {project, Path(config.work_dir), *(Path(p).parent for p in made_by_the_pipeline(config))}:
+            for folder in written_by_the_run(config, project):
                 remove_temporaries(folder)  # what killed writers left, here or in an earlier run
             yield existed
+
+
+def written_by_the_run(config: RLTrainerConfig, project: Path) -> set[Path]:
+    """The folders a run writes files in: the project's, the run's, its logs' and those of the pipeline's stages."""
+    return {project, Path(config.work_dir), config.log_folder, *(Path(p).parent for p in made_by_the_pipeline(config))}
 
 
 def check(config: RLTrainerConfig, project: Path) -> None:
@@ -129,11 +138,14 @@ def check_overlaps(config: RLTrainerConfig, project: Path) -> None:
             f"work_dir {config.work_dir}: outside the DVC project {root}, where DVC records each step; "
             "choose a work_dir inside it, e.g. runs/NAME"
         )
-    for output in made_by_the_pipeline(config):
-        if overlaps(config.work_dir, output):
+    if config.log_dir is not None and Path(config.log_dir).is_file():
+        raise UserError(f"log_dir {config.log_dir}: is a file; give a folder (it holds the run's logs)")
+    folders = {"work_dir": config.work_dir, "log_dir": config.log_dir}
+    for (field, folder), output in itertools.product(folders.items(), made_by_the_pipeline(config)):
+        if folder is not None and overlaps(folder, output):
             raise UserError(
-                f"work_dir {config.work_dir} overlaps {output}, which a pipeline stage writes (see dvc.yaml); "
-                "choose a work_dir outside it, e.g. runs/NAME"
+                f"{field} {folder} overlaps {output}, which a pipeline stage writes (see dvc.yaml); "
+                f"choose a {field} outside it, e.g. runs/NAME"
             )
     if Path(config.load_from).resolve().is_relative_to(Path(config.work_dir).resolve()):
         raise UserError(
@@ -240,18 +252,6 @@ def evaluation_sampling(config: RLTrainerConfig) -> list[tuple[str, object]]:
     ]
 
 
-def differences(recorded: dict, current: dict, prefix: str = "") -> list[str]:
-    """``path: old -> new`` for each leaf that differs between two config trees."""
-    found = []
-    for key in sorted(set(recorded) | set(current), key=str):
-        old, new, path = recorded.get(key), current.get(key), f"{prefix}{key}"
-        if isinstance(old, dict) and isinstance(new, dict):
-            found += differences(old, new, f"{path}.")
-        elif old != new:
-            found.append(f"{path}: {old!r} -> {new!r}")
-    return found
-
-
 def record_configuration(config: RLTrainerConfig, keep: bool = False) -> None:
     """Write the run's configuration (``config.yaml``), which :func:`check_unchanged` holds its later
     steps to; ``keep``: only if the run has none yet."""
@@ -273,9 +273,9 @@ def check_unchanged(config: RLTrainerConfig, layout: RunLayout) -> None:
         return  # nothing made yet
     recorded = yaml.safe_load(layout.config.read_text()) or {}
     current = config.model_copy(update={"run": RunPointer()}).model_dump(mode="json")
-    changed = [line for line in differences(recorded, current) if not changeable(line.split(":")[0])]
-    if changed:
+    altered = [f"{path}: {old!r} -> {new!r}" for path, old, new in changed(recorded, current) if not changeable(path)]
+    if altered:
         raise UserError(
             f"work_dir {config.work_dir} holds a run made with another configuration ({layout.config}): "
-            f"{'; '.join(changed)}; put the recorded values back to resume it, or start a new run in another work_dir"
+            f"{'; '.join(altered)}; put the recorded values back to resume it, or start a new run in another work_dir"
         )

@@ -1,4 +1,5 @@
-"""Experiment tracking: every step's metrics to the local tracker (jsonl or TensorBoard) and to W&B.
+"""Experiment tracking: every step's metrics to the local tracker (jsonl or TensorBoard) and to W&B,
+their files under ``log_dir`` (the work_dir unless set).
 
 W&B runs offline unless ``wandb.mode: online`` (which needs ``WANDB_API_KEY`` or a `wandb login`).
 The run's W&B id is kept in ``work_dir`` so a resumed run continues the same W&B run.
@@ -41,9 +42,10 @@ def read_tracker(path: Path) -> list[dict]:
 
 class Tracker:
     def __init__(self, config: RLTrainerConfig, first_step: int):
-        self.layout = RunLayout(config.work_dir)
-        self.layout.work_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = self.layout.tracker if config.exp_tracker == "jsonl" else None
+        self.layout, self.folder = RunLayout(config.work_dir), config.log_folder
+        for folder in (self.layout.work_dir, self.folder):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.folder / "tracker.jsonl" if config.exp_tracker == "jsonl" else None
         if self.jsonl:
             self._forget_steps_from(first_step)
         self.tensorboard = self._tensorboard() if config.exp_tracker == "tensorboard" else None
@@ -64,7 +66,7 @@ class Tracker:
             raise UserError(
                 "exp_tracker: tensorboard needs the tensorboard package (pip install tensorboard)"
             ) from None
-        return SummaryWriter(log_dir=str(self.layout.work_dir / "tensorboard"))
+        return SummaryWriter(log_dir=str(self.folder / "tensorboard"))
 
     def _wandb(self, config: RLTrainerConfig):
         import wandb
@@ -82,7 +84,7 @@ class Tracker:
             "name": settings.name or Path(config.work_dir).name,
             "group": run_id,
             "mode": settings.mode,
-            "dir": str(self.layout.work_dir.resolve()),  # W&B's service process may have another cwd
+            "dir": str(self.folder.resolve()),  # W&B's service process may have another cwd
             "config": config.model_dump(mode="json"),
         }
         try:

@@ -97,7 +97,7 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines, **given) -
     faults.point(f"{name}.start")
     if getattr(stage, "draws_random_numbers", True):  # not from a background thread, whose RNGs are the run's
         reseed(config, name, step)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         metrics = stage.run(config, step, paths, engines, **given)
     except FileNotFoundError as exc:  # e.g. `rlx stage train` before the step's rollouts exist
@@ -106,6 +106,11 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines, **given) -
             "first (`dvc repro` runs them in order)"
         ) from None
     metrics[f"time/{name}"] = time.perf_counter() - started
+    if config.debug:  # the process's CPU seconds, its other threads' (a checkpoint written meanwhile) included
+        metrics[f"time/{name}/cpu"] = time.process_time() - cpu
+        log.debug(
+            "stage %s of step %d: %.2f s, %.2f CPU s", name, step, metrics[f"time/{name}"], metrics[f"time/{name}/cpu"]
+        )
     faults.point(f"{name}.metrics")
     record_outputs(name, paths)
     write_json(metrics, paths.metrics(name), indent=None)

@@ -13,11 +13,10 @@ from rlx.lineage.fingerprint import fingerprint
 from rlx.stages import evaluate
 from rlx.store.artifacts import write_json
 from rlx.store.layout import RunLayout, StepPaths
-from rlx.training.loading import load_policy
 
 
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
-    write_json(fingerprint(load_policy(config.load_from)), paths.weights_fingerprint, indent=None)
+    write_json(fingerprint(engines.load(config.load_from)), paths.weights_fingerprint, indent=None)
     return evaluate.run(config, 0, paths, engines)
 
 

@@ -62,7 +62,7 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=
 def save_base(config: RLTrainerConfig, paths, tokenizer) -> None:
     """Checkpoint 0: the base model as the run's starting policy, with an empty optimizer state."""
     with atomic_dir(paths.policy) as tmp:
-        load_policy(config.load_from).save_pretrained(tmp, safe_serialization=True)
+        load_policy(config.load_from, strict=config.strict_load).save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     with atomic_dir(paths.trainer_state) as tmp:
         write_json({"global_steps": 0}, tmp / "state.json")

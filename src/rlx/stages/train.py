@@ -26,6 +26,7 @@ from rlx.algo import registry
 from rlx.algo.correction import mismatch_metrics, weight_metrics
 from rlx.algo.kl import adaptive_kl_coef
 from rlx.config import RLTrainerConfig, staleness
+from rlx.debugging import timed
 from rlx.errors import UserError
 from rlx.lineage.fingerprint import first_difference, parameter_names
 from rlx.stages.curves import write_curve
@@ -238,14 +239,18 @@ def apply_updates(config: RLTrainerConfig, step: int, minis, trainer, timings: d
         started = time.perf_counter()
         mini = defaultdict(float)
         for micro in micros:
-            loss, values = micro_loss(trainer, micro, loss_cfg, temperature, sampling.max_tokens)
-            trainer.backward(loss * distributed.world_size())  # DeepSpeed averages gradients over ranks
+            with timed(timings, "time/train/forward", config.debug):
+                loss, values = micro_loss(trainer, micro, loss_cfg, temperature, sampling.max_tokens)
+            with timed(timings, "time/train/backward", config.debug):
+                trainer.backward(loss * distributed.world_size())  # DeepSpeed averages gradients over ranks
             for name, value in values.items():
                 mini[name] += value
         timings["time/train/forward_backward"] += time.perf_counter() - started
         started = time.perf_counter()
         update = trainer.optimizer_step(mini["loss"])
         timings["time/train/optimizer"] += time.perf_counter() - started
+        log.debug("step %d, mini-batch %d of %d: %d micro-batches, loss %.4g, %s", step, number, len(minis),
+                  len(micros), mini["loss"], update)  # fmt: skip
         in_a_row = trainer.state.get("nonfinite_in_a_row", 0) + 1 if update.pop("skipped") else 0
         trainer.state["nonfinite_in_a_row"] = in_a_row
         if in_a_row:

@@ -20,7 +20,7 @@
   step-N/done.json                written last: the step is complete (with what the driver measured)
   curves/train.csv, curves/eval.csv   one row per step, for `dvc plots show`
   hf/step-N/                      HF exports (hf_max_keep retention)
-  tracker.jsonl                   one JSON object per step (exp_tracker: jsonl)
+  tracker.jsonl                   one JSON object per step (exp_tracker: jsonl; in log_dir when it is set)
   config.yaml                     the resolved configuration of the run
   fit.lock                        held by the `rlx fit` running here (pid, host, start, command)
 ```
@@ -194,10 +194,6 @@ class RunLayout:
     def config(self) -> Path:
         """The resolved configuration `rlx fit` ran with (written at each start)."""
         return Path(self.work_dir) / "config.yaml"
-
-    @property
-    def tracker(self) -> Path:
-        return Path(self.work_dir) / "tracker.jsonl"
 
     def hf_export(self, number: int) -> Path:
         return Path(self.work_dir) / "hf" / f"step-{number}"

@@ -4,6 +4,7 @@ failing deep inside a forward pass or on every prompt of the run."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 from pathlib import Path
@@ -19,18 +20,48 @@ from rlx.store.targets import FOLDER_MARK, folder_mark
 from rlx.tasks.data import prompt_ids
 from rlx.training import lora
 
+log = logging.getLogger(__name__)
 
-def load_policy(path, dtype: str = "float32", base: Path | None = None):
+
+def pretrained(path: Path, strict: bool = True, **options):
+    """``AutoModelForCausalLM.from_pretrained(path, **options)`` from safetensors, its weights matched to the
+    model's layers (``strict_load``): transformers leaves a missing weight at a random initialization and
+    drops an unexpected one, with a note. Strict, either is refused, named; else warned about, and the
+    missing weights are drawn from a fixed seed, so every load of the folder gives the same model (the
+    run's fingerprints compare loads)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, use_safetensors=True, output_loading_info=True, **options
+        )
+    unmatched = [
+        f"{len(info[key])} {kind} ({', '.join(sorted(info[key])[:4])}{', ...' if len(info[key]) > 4 else ''})"
+        for key, kind in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"))
+        if info[key]
+    ]
+    if unmatched and strict:
+        raise UserError(
+            f"{path}: its weights do not match the model its config.json describes: {'; '.join(unmatched)}; give "
+            "a complete model folder, or set strict_load: false to load it anyway (missing weights then get a "
+            "seeded random initialization)"
+        )
+    if unmatched:
+        log.warning("%s: loaded with strict_load false; weights %s", path, "; ".join(unmatched))
+    return model
+
+
+def load_policy(path, dtype: str = "float32", base: Path | None = None, strict: bool = True):
     """A HF model folder for inference (on the GPU when there is one), with a clear error when it is missing or not one.
     Weights load from safetensors only: a pickled ``*.bin`` checkpoint could run code when read. On a GPU they
     load in ``dtype`` (``rollout_config.dtype`` for a copy only sampled or scored; 'auto': the checkpoint's own);
     on CPU always in float32, where half precision is slow and the tests compare exact values. A LoRA
-    adapter's folder loads onto ``base``, the model it was trained on (``load_from``)."""
+    adapter's folder loads onto ``base``, the model it was trained on (``load_from``). ``strict``: see
+    :func:`pretrained`."""
     path = Path(path)
     if lora.is_adapter(path):
         if base is None:
             raise UserError(f"{path}: a LoRA adapter, which loads onto its base model (load_from); none given")
-        return lora.with_adapter(load_policy(base, dtype), path).eval()
+        return lora.with_adapter(load_policy(base, dtype, strict=strict), path).eval()
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: not a model folder (no config.json)")
     if not any(path.glob("*.safetensors")):
@@ -41,9 +72,7 @@ def load_policy(path, dtype: str = "float32", base: Path | None = None):
         )
     try:
         name = dtype if torch.cuda.is_available() else "float32"
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=name if name == "auto" else getattr(torch, name), use_safetensors=True
-        )
+        model = pretrained(path, strict, dtype=name if name == "auto" else getattr(torch, name))
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: cannot load the model ({first_line(exc)})") from None
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()

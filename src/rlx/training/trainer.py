@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from rlx.config import LRConfig, WorkerConfig
 from rlx.lineage.fingerprint import fingerprint, tensor_hashes
 from rlx.store import faults
 from rlx.store.artifacts import read_json, write_json
 from rlx.training import distributed, lora
+from rlx.training.loading import pretrained
 
 if TYPE_CHECKING:
     from rlx.training.safe_checkpoint import SnapshotCheckpointEngine
@@ -145,12 +145,13 @@ def gradients_finite(module) -> bool:
     return all(bool(torch.isfinite(p.grad).all()) for p in module.parameters() if p.grad is not None)
 
 
-def trained_model(cfg: WorkerConfig, policy_dir: Path, base_dir: Path, seed: int):
+def trained_model(cfg: WorkerConfig, policy_dir: Path, base_dir: Path, seed: int, strict: bool = True):
     """The model to train: the full policy in ``policy_dir``; under LoRA the base in ``base_dir`` with the
-    adapter in ``policy_dir`` (a new one, drawn from ``seed``, when ``policy_dir`` holds a full model: step 0)."""
+    adapter in ``policy_dir`` (a new one, drawn from ``seed``, when ``policy_dir`` holds a full model: step 0).
+    ``strict``: ``strict_load`` (rlx.training.loading.pretrained)."""
     if cfg.lora is None:
-        return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32, use_safetensors=True)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, use_safetensors=True)
+        return pretrained(policy_dir, strict, dtype=torch.float32)
+    model = pretrained(base_dir, strict, dtype=torch.float32)
     return lora.adapt(model, cfg.lora, base_dir, policy_dir if lora.is_adapter(policy_dir) else None, seed)
 
 
@@ -174,11 +175,12 @@ class PolicyTrainer:
         total_optimizer_steps: int,
         base_dir: Path | None = None,
         seed: int = 0,
+        strict: bool = True,
     ):
         import deepspeed
 
         distributed.ensure_rendezvous()
-        model = trained_model(cfg, policy_dir, base_dir or policy_dir, seed)
+        model = trained_model(cfg, policy_dir, base_dir or policy_dir, seed, strict)
         self.lora = lora.is_lora(model)
         self.frozen_sums: dict = {}  # the fingerprint's sums of the weights that do not train, read once
         if cfg.deepspeed.activation_checkpointing:
@@ -201,7 +203,7 @@ class PolicyTrainer:
         )
         self.engine.checkpoint_engine = checkpoint_engine(self.engine, self.lora)
         if (state_dir / DEEPSPEED_TAG).is_dir():  # a LoRA state holds the adapter only: the base is base_dir's
-            self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG, load_module_strict=not self.lora)
+            self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG, load_module_strict=strict and not self.lora)
         self.state = (
             read_json(state_dir / "state.json").get("extra", {}) if (state_dir / "state.json").is_file() else {}
         )

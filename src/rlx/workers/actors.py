@@ -1,17 +1,24 @@
 """A set of Ray actors in one placement group, called all at once: what the worker group and the judge
-actors share. A call fails fast, naming the actor, its node and its pid, when one of them fails or dies."""
+actors share. A call fails fast, naming the actor, its node and its pid, when one of them fails or dies.
+Each actor is named (``worker 1``, ``judge 0``), and Ray puts the name before every line it writes to
+the console; unless ``display_all_workers_log``, only train worker 0 writes there, the others to a file
+of their own under ``<log_dir>/workers/``."""
 
 from __future__ import annotations
 
 import os
 import pickle
 import socket
+import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from rlx.config import RLTrainerConfig
+from rlx.debugging import configure_logging
 from rlx.errors import UserError
 
 PLACEMENT_SECONDS = 120  # how long Ray may take to find room for the bundles before rlx gives up
@@ -37,8 +44,32 @@ def as_tensors(arrays: dict[str, tuple[object, str]]) -> dict[str, torch.Tensor]
         }
 
 
+def keep_output_in(file: Path) -> None:
+    """This process's output (its prints, log lines, libraries' messages, a crash's traceback) to ``file``
+    instead of to the console, where Ray would stream it: the process's stdout and stderr are replaced."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    descriptor = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream in (1, 2):
+        os.dup2(descriptor, stream)
+    os.close(descriptor)
+
+
 class Actor:
-    """What every rlx actor answers besides its own methods."""
+    """What every rlx actor answers besides its own methods. It works in the ``project`` folder, as the
+    driver does (the run's paths are relative to it). ``label`` names it in the console (Ray reads
+    ``repr``); its lines go there if ``shown`` or ``display_all_workers_log``, else to a file in log_dir."""
+
+    def __init__(self, label: str, shown: bool, config: RLTrainerConfig, project: str):
+        os.chdir(project)
+        self.label = label
+        configure_logging(config.debug)
+        if not (shown or config.display_all_workers_log):
+            keep_output_in(config.log_folder / "workers" / f"{label.replace(' ', '-')}.log")
+
+    def __repr__(self) -> str:
+        return self.label
 
     def timed(self, method: str, *args) -> tuple[object, float]:
         """``method(*args)`` and the seconds it took here: the driver tells the actors' time from its own."""
@@ -56,8 +87,11 @@ class Actor:
 
 class ActorGroup:
     """``count`` actors of ``kind`` (an :class:`Actor`), each in its own bundle ``reserved`` of one placement
-    group placed by ``strategy``; actor ``r`` is made with ``arguments(r)``. ``name`` names them in messages
+    group placed by ``strategy``; actor ``r`` is made with ``arguments(r)`` after its label (``name r``) and
+    whether its lines are shown (``shows_first``: actor 0's always are). ``name`` names them in messages
     and in the step's counters (``time/<name>s``: the slowest actor of each call; ``perf/driver_<name>_bytes``)."""
+
+    shows_first = False
 
     def __init__(self, ray, kind: type, name: str, reserved: dict, count: int, strategy: str, arguments: Callable):
         from ray.util.placement_group import placement_group
@@ -78,7 +112,7 @@ class ActorGroup:
             remote.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
                 **options,
-            ).remote(*arguments(rank))
+            ).remote(f"{name} {rank}", self.shows_first and rank == 0, *arguments(rank))
             for rank in range(count)
         ]
         self.counters = self.zeroed()

@@ -34,7 +34,7 @@ def warm_engines(config: RLTrainerConfig) -> Iterator[Engines]:
     """What stays warm for a run: one worker in this process or a group of them on Ray, and the judge
     actors when ``cpu_resources`` asks for them; the actors are stopped after."""
     resources = config.resources
-    if not (resources.on_ray or resources.num_rollout_workers or config.cpu_resources):
+    if not config.has_actors:
         yield Engines(config, replay)
         return
     with ray_instance(config) as ray, contextlib.ExitStack() as started:
@@ -86,7 +86,10 @@ def shares(prompt_ids: Sequence[Sequence[int]], work_per_prompt: int, count: int
 
 
 class WorkerGroup(ActorGroup):
-    """The workers, placed and joined in one torch.distributed group (rank 0's node holds the rendezvous)."""
+    """The workers, placed and joined in one torch.distributed group (rank 0's node holds the rendezvous);
+    rank 0's lines are shown in the console."""
+
+    shows_first = True
 
     def __init__(self, ray, config: RLTrainerConfig):
         resources, count = config.resources, config.resources.num_workers

@@ -5,6 +5,8 @@ driver would, so a verdict is the one the driver would give (a judger's time lim
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
 from rlx.judgers.rows import judge_rollouts
@@ -13,7 +15,8 @@ from rlx.workers.cluster import judge_bundle
 
 
 class Judge(Actor):
-    def __init__(self, config: RLTrainerConfig):
+    def __init__(self, label: str, shown: bool, config: RLTrainerConfig, project: str):
+        super().__init__(label, shown, config, project)
         self.config, self.panel = config, Panel(config.judger_config)
 
     def judge(self, rollouts: list[dict]) -> list[dict]:
@@ -24,7 +27,8 @@ class JudgePool(ActorGroup):
     def __init__(self, ray, config: RLTrainerConfig):
         judges = config.cpu_resources
         count, strategy = judges.num_workers, judges.pg_pack_strategy
-        super().__init__(ray, Judge, "judge", judge_bundle(config), count, strategy, lambda _: (config,))
+        arguments = lambda _: (config, str(Path.cwd()))  # noqa: E731
+        super().__init__(ray, Judge, "judge", judge_bundle(config), count, strategy, arguments)
 
     def judge(self, rollouts: list[dict]) -> list[dict]:
         """The judgment columns of ``rollouts``, in order, as rlx.judgers.rows.judge_rollouts gives them."""

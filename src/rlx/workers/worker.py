@@ -22,8 +22,8 @@ class RolloutWorker(Actor):
     """A rollout worker apart from the trainers (``resources.num_rollout_workers``): a rollout engine that
     samples from the policy the trainer last gave it."""
 
-    def __init__(self, config: RLTrainerConfig, project: str, replay: Callable | None = None):
-        os.chdir(project)  # the run's paths are relative to the project, as in the driver
+    def __init__(self, label: str, shown: bool, config: RLTrainerConfig, project: str, replay: Callable | None = None):
+        super().__init__(label, shown, config, project)
         self.config, self.engines = config, Engines(config, replay)
 
     def hold(self, step: int, arrays: dict) -> None:
@@ -39,10 +39,18 @@ class RolloutWorker(Actor):
 class Worker(RolloutWorker):
     """A train worker: a rollout worker (colocated) that is also a DeepSpeed rank and holds its own policy."""
 
-    def __init__(self, config: RLTrainerConfig, project: str, rank: int, world_size: int, replay: Callable):
-        super().__init__(
-            config, project, replay
-        )  # replay: the train stage's, handed in as the driver's Engines gets it
+    def __init__(
+        self,
+        label: str,
+        shown: bool,
+        config: RLTrainerConfig,
+        project: str,
+        rank: int,
+        world_size: int,
+        replay: Callable,
+    ):
+        # replay: the train stage's, handed in as the driver's Engines gets it
+        super().__init__(label, shown, config, project, replay)
         self.rank, self.world_size = rank, world_size
 
     def rendezvous_port(self) -> int:
