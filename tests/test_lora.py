@@ -136,6 +136,32 @@ def test_an_inference_engine_gets_the_merged_weights_by_the_base_models_names(tr
     assert any(".lora_A." in name for name, _ in trainer.module.named_parameters())  # still an adapter
 
 
+def test_the_updates_mfu_counts_real_tokens_and_no_gradient_for_the_frozen_base(trained):
+    """``perf/mfu/*`` (rlx.stages.train.utilisation) of a LoRA update: the rows of the micro-batches that
+    count (not a repeat that only keeps the ranks in step), at their real lengths, without the base's
+    weight gradients; a no-grad pass of the reference before it under a KL loss, none otherwise."""
+    from rlx.stages.train import Scored, utilisation
+    from rlx.training.flops import ModelShape, forward_flops, training_flops
+    from rlx.training.microbatch import Micro
+
+    trainer, *_ = trained
+    batch = a_batch()
+    rollouts = [{"prompt_len": 6, "response_len": length} for length in (5, 3, 4)]
+    micros = [Micro(indices, batch, None, batch.mask, None, 1.0, 12, weight) for indices, weight in
+              [([0, 1], 1.0), ([2], 1.0), ([0], 0.0)]]  # fmt: skip
+    timings = {"time/train/forward_backward": 2.0, "time/train/old_logprob": 0.5}
+    scored = Scored(rollouts, [micros], None, None, None, {}, timings)
+    shape, sequences = trainer.model_shape, [(11, 5), (9, 3), (10, 4)]
+    assert shape == ModelShape.of(trainer.module.get_base_model().config)
+    kl_loss = rlx_config.load(None, ["train_worker_cfg.loss_cfg.use_kl_loss=true"])
+    assert utilisation(kl_loss, scored, trainer, peak=1e9) == {
+        "perf/mfu/forward_backward": training_flops(shape, sequences, weight_gradients=False) / 2e9,
+        "perf/mfu/old_logprob": forward_flops(shape, sequences) / 0.5e9,
+    }
+    assert list(utilisation(rlx_config.load(None, []), scored, trainer, peak=1e9)) == ["perf/mfu/forward_backward"]
+    assert utilisation(kl_loss, scored, trainer, peak=None) == {}  # a CPU, or training not in bf16
+
+
 @pytest.mark.parametrize("zero_stage", [1, 2])
 def test_the_trainer_resumes_from_its_saved_adapter_and_state(untrained_model, tmp_path, zero_stage):
     """A LoRA checkpoint is the adapter and its optimizer state (no base weights, which ZeRO-2 would add

@@ -13,13 +13,12 @@ from __future__ import annotations
 import importlib
 import logging
 import random
-import time
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from rlx import seeds
+from rlx import clock, seeds
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError, first_line
 from rlx.store import faults
@@ -97,19 +96,20 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines, **given) -
     faults.point(f"{name}.start")
     if getattr(stage, "draws_random_numbers", True):  # not from a background thread, whose RNGs are the run's
         reseed(config, name, step)
-    started = time.perf_counter()
     try:
-        metrics = stage.run(config, step, paths, engines, **given)
+        with clock.part(name) as watch:
+            metrics = stage.run(config, step, paths, engines, **given)
     except FileNotFoundError as exc:  # e.g. `rlx stage train` before the step's rollouts exist
         raise UserError(
             f"stage {name} of step {step}: an input is missing ({first_line(exc)}); run the stages before it "
             "first (`dvc repro` runs them in order)"
         ) from None
-    metrics[f"time/{name}"] = time.perf_counter() - started
+    metrics[f"time/{name}"] = watch.seconds
     faults.point(f"{name}.metrics")
-    record_outputs(name, paths)
-    write_json(metrics, paths.metrics(name), indent=None)
-    refresh_curves(name, config, step)
+    with clock.part("record"):
+        record_outputs(name, paths)
+        write_json(metrics, paths.metrics(name), indent=None)
+        refresh_curves(name, config, step)
     return metrics
 
 
