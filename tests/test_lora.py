@@ -5,6 +5,7 @@ plus the adapter, and a run's checkpoints hold the adapter alone."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,25 @@ def test_the_updates_mfu_counts_real_tokens_and_no_gradient_for_the_frozen_base(
     }
     assert list(utilisation(rlx_config.load(None, []), scored, trainer, peak=1e9)) == ["perf/mfu/forward_backward"]
     assert utilisation(kl_loss, scored, trainer, peak=None) == {}  # a CPU, or training not in bf16
+
+
+def test_the_gpu_checks_training_sweep_measures_each_setting_and_puts_the_model_back(trained):
+    """The GPU check's training sweep (tests/helpers/train_pace), on CPU with the LoRA trainer: every kind of
+    setting runs, reports its micro-batches and MFU, and leaves the model as it found it."""
+    from helpers import train_pace
+
+    trainer, *_ = trained
+    model, rollouts = trainer.module, train_pace.synthetic_rollouts(6, 5, vocab=60)
+    settings = [{"pack": 1}, {"logits_to_keep": False}, {"checkpointing": True}, {"attention": "eager"}]
+    reports = [train_pace.measure(trainer, rollouts, 0, setting, peak=1e9) for setting in settings]
+    assert [r["micro_batches"] for r in reports] == [6, 1, 1, 1] and all(r["mfu_forward_backward"] > 0 for r in reports)
+    assert all(
+        r["mfu_old_logprob"] > 0 and r["tokens"] == sum(len(x["prompt_ids"]) + 5 for x in rollouts) for r in reports
+    )
+    assert model.config._attn_implementation == "sdpa" and not model.is_gradient_checkpointing
+    if importlib.util.find_spec("flash_attn") is None:
+        flash = train_pace.measure(trainer, rollouts, 0, {"attention": "flash_attention_2"}, 1e9)
+        assert flash["skipped"] == "flash_attn is not installed"
 
 
 @pytest.mark.parametrize("zero_stage", [1, 2])
