@@ -147,11 +147,17 @@ def test_the_stage_makes_a_steps_rollouts_again_as_the_run_made_them(finished, t
     assert read_rows(paths.rollouts) == expected
 
 
+# Kills in the order a fresh asynchronous run reaches them, each in a rerun of the one killed before.
+ASYNC_KILLS = [
+    "rollout.metrics@2",  # in the rollout thread: step 2's rollouts, made while step 1 trains
+    "train.optimizer_step@2",  # in step 2's update (the rerun's second), while step 3's rollouts are made
+    "replay.step",  # the rerun re-creates step 1's policy (no checkpoint) to generate step 3 and train step 2
+]
+
+
 def test_killed_in_the_rollout_thread_and_after_it_resumes_to_the_same_weights(pristine, finished, tmp_path):
     project = Path(shutil.copytree(pristine, tmp_path / "project", symlinks=True))
-    # Step 2's rollouts are made in the background while step 1 trains (the second rollout of a fresh run):
-    # killed there, then (rerun) in step 1's update while they are made again.
-    outcome = killed_and_resumed(project, ["rollout.metrics@2", "train.optimizer_step"], STEPS)
+    outcome = killed_and_resumed(project, ASYNC_KILLS, STEPS)
     assert outcome == "resumed to the reference"
     expected, final = final_policy(finished), final_policy(project)
     assert all((final[name] == expected[name]).all() for name in expected), "weights differ after the kills"

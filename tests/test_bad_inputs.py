@@ -265,6 +265,18 @@ ROWS = [
     Row("judger time limit no clock can wait", ["config", "show", "{params}", "-S", "judger_config.timeout=1.0e+300"],
         "{params}: invalid configuration: judger_config.timeout: Input should be less than or equal to 86400; "
         "got 1e+300"),
+    Row("agent tool that cannot be imported", ["config", "show", "{params}", "-S",
+                                               "dataflow_config.agent_loop_config.tools=[nope.tools:add]"],
+        "{params}: invalid configuration: dataflow_config.agent_loop_config: tools entry 'nope.tools:add': cannot "
+        "import it (No module named 'nope')"),
+    Row("agent tool without a schema", ["config", "show", "{params}", "-S",
+                                        "dataflow_config.agent_loop_config.tools=[helpers.agents:undocumented]"],
+        "{params}: invalid configuration: dataflow_config.agent_loop_config: tools entry "
+        "'helpers.agents:undocumented': no tool schema from its type hints and docstring (Cannot generate JSON "
+        "schema for undocumented because it has no docstring!)"),
+    Row("agent without turns", ["config", "show", "{params}", "-S", "dataflow_config.agent_loop_config.max_turns=0"],
+        "{params}: invalid configuration: dataflow_config.agent_loop_config.max_turns: Input should be greater than "
+        "or equal to 1; got 0"),
     Row("dataset repeated past memory", ["config", "show", "{params}", "-S",
                                          "replay_buffer_config.dataset_cfg.0.sample_ratio=1.0e+300"],
         "{params}: invalid configuration: replay_buffer_config.dataset_cfg.0.sample_ratio: Input should be less "
@@ -299,7 +311,7 @@ ROWS = [
         setup=rollouts_of("rlx/arith", "someone/else")),
     Row("unknown judger", ["stage", "judge", "{params}", "-S", "work_dir={d}/run",
                            "-S", "judger_config.reward_judger_configs.0.judger_name=nope"],
-        "unknown judger 'nope'; available: arith, custom, format, gsm8k, math, reward_model",
+        "unknown judger 'nope'; available: arith, custom, environment, format, gsm8k, math, reward_model",
         setup=rollouts_of("rlx/arith")),
     Row("bad judger option", ["stage", "judge", "{params}", "-S", "work_dir={d}/run",
                               "-S", "judger_config.reward_judger_configs.0.judger_name=math",

@@ -32,7 +32,7 @@ def gsm8k_gold(row):
 
 
 def test_available_lists_every_judger():
-    assert available() == ["arith", "custom", "format", "gsm8k", "math", "reward_model"]
+    assert available() == ["arith", "custom", "environment", "format", "gsm8k", "math", "reward_model"]
     with pytest.raises(UserError, match="unknown judger 'nope'"):
         get("nope")
 

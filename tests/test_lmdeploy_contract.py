@@ -99,6 +99,10 @@ BEHAVIOURS = [
     ("lmdeploy.pytorch.engine.engine", "Engine.wakeup",
      ordered(r"if not self\._sleeping_tags:\s+# enable ADD_MESSAGE and ADD_SESSION\s+self\._unblock_new_inputs\(\)"),
      "requests are accepted again only once weights and KV cache are both awake"),
+    ("lmdeploy.pytorch.paging.scheduler", "Scheduler.__init__",
+     ordered(r"self\.block_trie = BlockTrie\(", r"enabled=self\.cache_config\.enable_prefix_caching"),
+     "prefix caching is the scheduler's block trie, on with enable_prefix_caching: an agent's next turn, whose "
+     "ids start with the conversation so far, reuses its cached blocks"),
 ]  # fmt: skip
 
 

@@ -210,6 +210,46 @@ def test_lmdeploy_settings_it_cannot_run_are_refused(stand_in, fields, message):
         engine_config(RolloutConfig(backend="lmdeploy", **fields))
 
 
+def test_lmdeploy_agent_rollouts_go_on_each_by_itself_from_the_ids_so_far(stand_in, small):
+    """Each rollout is its own chain of requests: the second turn's input is the first's ids, the model's
+    reply and the tool's tokens, and a rollout waiting for a slow tool holds up no other's next turn. The
+    engine caches prefixes, so the repeated conversation is not computed again."""
+    from rlx.agents.format import tool_turn_ids
+    from rlx.agents.loop import AgentLoop, reset_row
+    from rlx.config import AgentLoopConfig
+    from rlx.samplers.lmdeploy_backend import LMDeploySampler
+
+    folder, tokenizer = small
+    sampler = LMDeploySampler(folder, tokenizer, RolloutConfig(backend="lmdeploy"), agent=True)
+    assert stand_in.PIPELINES[-1].async_engine.backend_config.enable_prefix_caching is True
+    encode = lambda text: [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]  # noqa: E731
+    rollouts = {  # prompt, call, result
+        "slow": ([3, 5], '{"name": "sleepy", "arguments": {"seconds": 0.5}}', "awake"),
+        "fast": ([30], '{"name": "add", "arguments": {"a": 1, "b": 2}}', "3"),
+    }
+    turns = {}
+    for name, (prompt, call, result) in rollouts.items():
+        turns[name] = (
+            encode(f"<tool_call>{call}</tool_call>"),
+            tool_turn_ids(tokenizer, [{"role": "tool", "content": result}]),
+        )
+        stand_in.LEARNT[tuple(prompt)] = turns[name][0]
+        stand_in.LEARNT[tuple(prompt + turns[name][0] + turns[name][1])] = encode(f"#### {result}")
+    config = AgentLoopConfig(tools=["helpers.agents:sleepy", "helpers.agents:add"], max_turns=3)
+    loop = AgentLoop(config, tokenizer, SampleParams(max_tokens=200))
+    starts = [loop.start(reset_row("s", [{"role": "user", "content": "?"}], "1"), p) for p, _, _ in rollouts.values()]
+    slow, fast = loop.run(sampler, starts, seed=0)
+    assert [(t.final_text, t.turns, t.finish_reason) for t in (slow, fast)] == [
+        ("#### awake", 2, "stop"),
+        ("#### 3", 2, "stop"),
+    ]
+    call, tool = turns["fast"]
+    assert fast.response_mask == [1] * len(call) + [0] * len(tool) + [1] * len(encode("#### 3"))
+    started = {tuple(ids): when for when, ids in stand_in.REQUESTS}
+    second = {name: started[tuple(rollouts[name][0] + turns[name][0] + turns[name][1])] for name in rollouts}
+    assert second["fast"] < second["slow"] - 0.3  # the fast rollout's next turn did not wait for the slow tool
+
+
 def test_the_gpu_checks_lmdeploy_reference_is_its_own_batch_inference_of_the_same_requests(stand_in, small):
     """The GPU check's reference (tests/helpers/engine_pace): LMDeploy's ``Pipeline.infer`` on the engine rlx
     started, given each prompt as text, which it encodes back to the same ids, and rlx's config for each

@@ -160,7 +160,7 @@ REFUSED = {
     ),
     "unknown judger": (
         lambda _: "judger_config.reward_judger_configs.0.judger_name=nope",
-        "unknown judger 'nope'; available: arith, custom, format, gsm8k, math, reward_model",
+        "unknown judger 'nope'; available: arith, custom, environment, format, gsm8k, math, reward_model",
     ),
     "judger option it does not take": (
         lambda _: "judger_config.reward_judger_configs.0.options={nonsense: 1}",

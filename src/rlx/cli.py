@@ -292,12 +292,15 @@ def show(
         step = explored.steps()[-1]
     samples = explored.samples(step)
     stale = [staleness(row) for row in samples.head(rows).to_dict("records")]
+    agent = "tool_calls" in samples  # an agent's rollouts: its turns and calls too (`Run.turns` shows each)
     table = Table("group", "sample", "question", "response", "extracted", "reward", "advantage", "finish", "stale",
+                  *(["turns", "calls"] if agent else []),
                   title=f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}")  # fmt: skip
     for row, updates in zip(samples.head(rows).itertuples(), stale, strict=True):
+        calls = [str(row.turns), str(len(json.loads(row.tool_calls)))] if agent else []
         table.add_row(
             str(row.group), str(row.sample), row.question[:60], row.response_text[:60], str(row.extracted),
-            f"{row.reward:.2f}", f"{row.advantage:+.2f}", row.finish_reason, str(updates),
+            f"{row.reward:.2f}", f"{row.advantage:+.2f}", row.finish_reason, str(updates), *calls,
         )  # fmt: skip
     console.print(table)
 

@@ -147,7 +147,8 @@ class Engines:
             return TransformersSampler(load_policy(folder, config.dtype), self.tokenizer, config)
         from rlx.samplers.lmdeploy_backend import LMDeploySampler
 
-        return LMDeploySampler(folder, self.tokenizer, config)
+        agent = self.config.dataflow_config.agent_loop_config is not None
+        return LMDeploySampler(folder, self.tokenizer, config, agent)
 
     def trainer(self, step: int) -> PolicyTrainer:
         """A trainer holding the policy after ``step`` steps, with its optimizer state: the one in memory,

@@ -8,6 +8,7 @@ Everything is read from the run's own artifacts (no W&B account needed) as panda
     run.policy(12)             # a HF folder with step 12's policy (its checkpoint, or re-created by replay)
     run.eval_samples(30)       # the held-out answers of an evaluated step
     run.follow(prompt_index)   # one training prompt's responses at every step it was drawn
+    run.turns(3, group, sample)  # an agent's rollout part by part: model turns, tool results (untrained)
     compare(Run("a"), Run("b"))  # the params that differ, and the final metrics side by side
 """
 
@@ -106,7 +107,32 @@ class Run:
         frame["question"] = frame["prompt"].map(lambda p: json.loads(p)[-1]["content"])
         group_rewards = frame.groupby("group")["reward"]
         frame["zero_std_group"] = group_rewards.transform("std").fillna(0).eq(0)
-        return frame.drop(columns=["prompt_ids", "response_ids", "rollout_logprobs", "prompt"])
+        return frame.drop(
+            columns=["prompt_ids", "response_ids", "rollout_logprobs", "prompt", "response_mask"], errors="ignore"
+        )
+
+    def turns(self, step: int, group: int, sample: int) -> pd.DataFrame:
+        """An agent's rollout (``dataflow_config.agent_loop_config``) part by part, as its tokens were
+        made: the model's turns and the tool results between them (``trained`` False: the loss skipped
+        them), each with its text, token count and, for tool results, the turn's calls."""
+        from rlx.training.loading import load_tokenizer
+
+        paths = self._step_dir(step)
+        rows = checked_table(paths, paths.rollouts)
+        row = rows[(rows["group"] == group) & (rows["sample"] == sample)]
+        if row.empty or "response_mask" not in row:
+            raise UserError(f"{self.work_dir}: step {step} has no agent rollout of group {group}, sample {sample}")
+        row = row.iloc[0]
+        params = self.config()
+        tokenizer = load_tokenizer(Path(params["tokenizer_path"]), Path(params["load_from"]))
+        calls = json.loads(row["tool_calls"])
+        parts, model_turns = [], 0
+        for trained, ids in segments(list(row["response_ids"]), list(row["response_mask"])):
+            model_turns += trained
+            made = [call for call in calls if call["turn"] == model_turns] if not trained else []
+            parts.append({"who": "model" if trained else "tool", "trained": bool(trained), "tokens": len(ids),
+                          "text": tokenizer.decode(ids), "calls": made})  # fmt: skip
+        return pd.DataFrame(parts)
 
     def policy(self, step: int, out: Path | None = None) -> Path:
         """A HF folder with step ``step``'s policy: its checkpoint if it has one (and no ``out`` is asked
@@ -157,6 +183,17 @@ class Run:
         table = pd.DataFrame({f"step {before}": first, f"step {after}": second})
         table["change"] = table[f"step {after}"] - table[f"step {before}"]
         return table.sort_values("change")
+
+
+def segments(ids: list[int], mask: list[int]) -> list[tuple[int, list[int]]]:
+    """The response's runs of tokens with one mask value, in order: ``(mask, ids)``."""
+    runs: list[tuple[int, list[int]]] = []
+    for token, scored in zip(ids, mask, strict=True):
+        if runs and runs[-1][0] == scored:
+            runs[-1][1].append(token)
+        else:
+            runs.append((scored, [token]))
+    return runs
 
 
 def checked_table(paths, path: Path) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import torch
 
 from rlx.config import RolloutConfig, SampleParams
 from rlx.samplers.lmdeploy_backend import generation_options
+from rlx.samplers.types import row_seeds
 
 # The engine the check's rollouts run on; 512 requests x 256 new tokens in flight at once.
 BASE = {"backend": "lmdeploy", "gpu_memory_utilization": 0.4, "context_length": 1024}
@@ -56,7 +57,7 @@ def lmdeploy_own(sampler, prompt_ids: list[list[int]], params: SampleParams, see
     gives it (without the per-token log-prob when not ``logprobs``): its ``Response`` list."""
     import lmdeploy
 
-    options = [generation_options(sampler.tokenizer, params, seed + i) for i in range(len(prompt_ids))]
+    options = [generation_options(sampler.tokenizer, params, row) for row in row_seeds(seed, len(prompt_ids))]
     configs = [lmdeploy.GenerationConfig(**(o if logprobs else {**o, "logprobs": None})) for o in options]
     texts = [sampler.tokenizer.decode(ids) for ids in prompt_ids]
     return sampler.pipe.infer(texts, gen_config=configs, do_preprocess=False)

@@ -20,6 +20,7 @@ import importlib.machinery
 import io
 import sys
 import threading
+import time
 import types
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
@@ -53,6 +54,8 @@ REAL = {
 
 CALLS: list[tuple] = []  # what the engine was asked to do, in order (tests read it)
 PIPELINES: list[Pipeline] = []  # every pipeline made, newest last
+LEARNT: dict[tuple[int, ...], list[int]] = {}  # prompts the rule-model answers by heart (tests set them)
+REQUESTS: list[tuple[float, list[int]]] = []  # when each generation started, and its input ids
 
 
 @dataclass
@@ -87,6 +90,7 @@ class PytorchEngineConfig:
     max_batch_size: int = None
     cache_max_entry_count: float = 0.8
     max_prefill_token_num: int = 8192
+    enable_prefix_caching: bool = False
     eager_mode: bool = False
     empty_init: bool = False
     logprobs_mode: str = None
@@ -103,6 +107,7 @@ class TurbomindEngineConfig:
     session_len: int | None = None
     max_batch_size: int = None
     cache_max_entry_count: float = 0.8
+    enable_prefix_caching: bool = False
 
 
 class UpdateParamsRequest(BaseModel):
@@ -323,9 +328,14 @@ class AsyncEngine:
         )
 
     def _sample(self, prompt: list[int], config: GenerationConfig) -> tuple[list[int], list[dict[int, float]]]:
-        """The rule-model: each token follows the previous; its log-prob map holds the sampled token
-        first and then the top-1 (token 0), as the PyTorch engine's ``raw_logprobs`` do."""
+        """The rule-model: each token follows the previous (or, for a prompt in ``LEARNT``, the reply
+        learnt by heart); its log-prob map holds the sampled token first and then the top-1 (token 0), as
+        the PyTorch engine's ``raw_logprobs`` do."""
         agent = self.engine.executor.model_agent
+        REQUESTS.append((time.monotonic(), list(prompt)))
+        if tuple(prompt) in LEARNT:
+            tokens = LEARNT[tuple(prompt)][: config.max_new_tokens]
+            return tokens, [{token: -0.25 * (i + 1), 0: -0.01} for i, token in enumerate(tokens)]
         tokens, previous = [], prompt[-1]
         while len(tokens) < config.max_new_tokens:
             previous = agent._next_token(previous)
@@ -427,6 +437,8 @@ def install(monkeypatch) -> types.ModuleType:
     """Put the stand-in where ``import lmdeploy`` and ``from lmdeploy.serve.openai.protocol import
     UpdateParamsRequest`` find it, for one test."""
     CALLS.clear()
+    LEARNT.clear()
+    REQUESTS.clear()
     this = sys.modules[__name__]
     for dotted in sorted(set(REAL.values())):
         module = types.ModuleType(dotted)

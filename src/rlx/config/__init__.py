@@ -11,6 +11,7 @@ names the field path, the bad value and what was expected. One module per part o
 ``loading`` reads files and overrides.
 """
 
+from rlx.config.agent import AgentLoopConfig
 from rlx.config.data import DatasetConfig, ReplayBufferConfig
 from rlx.config.evaluation import EvalDatasetConfig, EvaluatorConfig
 from rlx.config.fields import ConfigError, Section, unsupported_reason
@@ -46,8 +47,8 @@ from rlx.config.training import (
 )
 
 __all__ = [
-    "AcceleratorResourcesConfig", "AdamWConfig", "AdvantageEstimatorConfig", "ConfigError", "CPUResourcesConfig",
-    "DataFlowConfig",
+    "AcceleratorResourcesConfig", "AdamWConfig", "AdvantageEstimatorConfig", "AgentLoopConfig", "ConfigError",
+    "CPUResourcesConfig", "DataFlowConfig",
     "DatasetConfig", "DeepSpeedConfig", "EvalDatasetConfig", "EvaluatorConfig", "JudgerConfig", "JudgerItemConfig",
     "KLControlConfig", "LRConfig", "LoadCheckpointConfig", "LoraConfig", "LossConfig", "OverlongBufferConfig",
     "PolicyLossConfig", "RLTrainerConfig", "ReplayBufferConfig", "RolloutConfig", "RolloutCorrectionConfig",

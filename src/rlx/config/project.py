@@ -48,6 +48,13 @@ class TinyModelConfig(Section):
     plain_answer_ratio: float = Field(
         0.8, ge=0, le=1, description="Share of those solutions ending 'The answer is N.' instead of '#### N'."
     )
+    tool_call_ratio: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of warm-start solutions that call the `calculator` tool and answer with its result "
+        "(rlx.tasks.calculator; configs/agent.yaml), so the model knows the call format before RL; 0: none.",
+    )
     eval_max_tokens: int = Field(32, gt=0, description="Response budget when measuring held-out accuracy.")
     seed: int = Field(0, description="Seed of initialisation and warm start; same seed, same weights.")
 

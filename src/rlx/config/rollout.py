@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from rlx.config.agent import AgentLoopConfig
 from rlx.config.fields import Section
 
 
@@ -175,4 +176,10 @@ class DataFlowConfig(Section):
         "arXiv 2505.24298; verl's staleness_threshold). 0: on-policy, generation then update. The schedule is "
         "fixed, so the run stays exact and resumable; train_worker_cfg.loss_cfg.rollout_correction corrects "
         "for the lag.",
+    )
+    agent_loop_config: AgentLoopConfig | None = Field(
+        None,
+        description="Multi-turn, tool-using rollouts (XTuner's agent_loop_config): tools or an environment, "
+        "max_turns, max_tool_response_tokens, tool_timeout. Evaluation runs the same loop. null: one reply per "
+        "prompt.",
     )

@@ -28,6 +28,7 @@ from rlx.config import JudgerConfig
 from rlx.errors import UserError
 from rlx.judgers.custom import CustomJudger
 from rlx.judgers.deadline import DeadlineRunner
+from rlx.judgers.environment import EnvironmentJudger
 from rlx.judgers.format import FormatJudger
 from rlx.judgers.math import MathJudger
 from rlx.judgers.numeric import NumericAnswerJudger
@@ -41,6 +42,7 @@ _FACTORIES: dict[str, Callable] = {
     "format": FormatJudger,
     "custom": CustomJudger,
     "reward_model": RewardModelJudger,
+    "environment": EnvironmentJudger,
 }
 
 

@@ -9,24 +9,10 @@ what the config names is ever imported: model output is never evaluated as code.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 from dataclasses import dataclass
 
-from rlx.errors import UserError
-
-
-def load_callable(path: str):
-    module_name, sep, function_name = path.partition(":")
-    if not sep or not module_name or not function_name:
-        raise UserError(f"custom judger {path!r}: expected 'package.module:function'")
-    try:
-        function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"custom judger {path!r}: cannot import it ({exc})") from None
-    if not callable(function):
-        raise UserError(f"custom judger {path!r}: not callable")
-    return function
+from rlx.plugins import load_callable
 
 
 @dataclass(frozen=True)
@@ -36,13 +22,13 @@ class CustomJudger:
     in_process = False  # user code may be slow or hang: score in worker processes, under the time limit
 
     def __post_init__(self) -> None:
-        load_callable(self.function)  # fail at configuration time, not in the middle of a run
+        load_callable(self.function, "custom judger")  # fail at configuration time, not in the middle of a run
 
     def extract(self, response: str) -> str | None:
         return None
 
     def score(self, response: str, gold: str, row: dict | None = None) -> float:
-        function = load_callable(self.function)
+        function = load_callable(self.function, "custom judger")
         prompt = (row or {}).get("prompt")
         result = function(prompt=prompt, response=response, gold=gold, row=row)
         if inspect.isawaitable(result):

@@ -12,7 +12,7 @@ from rlx.algo.shaping import overlong_penalty
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel
 
-TOKEN_COLUMNS = ("prompt_ids", "response_ids", "rollout_logprobs")
+TOKEN_COLUMNS = ("prompt_ids", "response_ids", "rollout_logprobs", "response_mask")
 VERDICT = "judgment"  # rollouts.parquet's column of the filter's verdicts, when dynamic sampling judged them
 
 
@@ -41,10 +41,16 @@ def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
     ]
 
 
+def answer_column(rows: list[dict]) -> str:
+    """What judgers score: an agent's last turn (``final_text``; the whole trajectory is in the row they
+    also get), else the response."""
+    return "final_text" if rows and "final_text" in rows[0] else "response_text"
+
+
 def judge_rollouts(config: RLTrainerConfig, panel: Panel, rollouts: list[dict]) -> list[dict]:
     """The judgment columns of rollout rows, with DAPO's overlong penalty added to the reward when
     ``judger_config.overlong_buffer`` is on: the reward that training uses."""
-    judged = judge_rows(panel, rollouts, "response_text")
+    judged = judge_rows(panel, rollouts, answer_column(rollouts))
     buffer = config.judger_config.overlong_buffer
     if buffer.enable:
         lengths = torch.tensor([row["response_len"] for row in rollouts])

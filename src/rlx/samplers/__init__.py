@@ -35,8 +35,11 @@ def ignored_settings(config: RolloutConfig) -> list[str]:
 
 
 class Sampler(Protocol):
-    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list[Generation]:
-        """One response per prompt (repeat a prompt to sample a group), reproducible from ``seed``."""
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]
+    ) -> list[Generation]:
+        """One response per prompt (repeat a prompt to sample a group), reproducible from ``seed``: row
+        ``i`` samples from ``seed + i``, or from ``seed[i]`` (rlx.samplers.types.row_seeds)."""
 
 
 class TransformersSampler:
@@ -46,7 +49,9 @@ class TransformersSampler:
     def __init__(self, model, tokenizer, config: RolloutConfig):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, config.rollout_max_batch_size
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list[Generation]:
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]
+    ) -> list[Generation]:
         from rlx.samplers.transformers_backend import generate
 
         return generate(self.model, self.tokenizer, prompt_ids, params, seed=seed, batch_size=self.batch_size)

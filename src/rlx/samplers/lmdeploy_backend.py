@@ -34,7 +34,7 @@ import torch
 from rlx.config import RolloutConfig, SampleParams
 from rlx.errors import UserError
 from rlx.samplers.transformers_backend import is_greedy, stop_ids
-from rlx.samplers.types import Generation
+from rlx.samplers.types import Generation, row_seeds
 
 BUCKET_BYTES = 1 << 30  # weights per update request: bounds the engine's transient copy
 LMDEPLOY_DTYPES = ("auto", "bfloat16", "float16")
@@ -105,9 +105,11 @@ def unsupported(config: RolloutConfig) -> str | None:
     return None
 
 
-def engine_config(config: RolloutConfig):
+def engine_config(config: RolloutConfig, agent: bool = False):
     """LMDeploy's engine config from rlx's fields; ``extra_engine_args`` pass through unchanged,
-    except that the PyTorch engine always returns raw log-probs (without them, it returns none)."""
+    except that the PyTorch engine always returns raw log-probs (without them, it returns none). For an
+    agent loop, prefix caching is on unless ``extra_engine_args`` says otherwise: each turn's request
+    repeats the conversation so far, whose KV blocks the cache then keeps."""
     import lmdeploy
 
     problem = unsupported(config)
@@ -118,6 +120,7 @@ def engine_config(config: RolloutConfig):
         "session_len": config.context_length,
         "cache_max_entry_count": config.gpu_memory_utilization,
         "max_batch_size": config.rollout_max_batch_size,
+        **({"enable_prefix_caching": True} if agent else {}),
         **config.extra_engine_args,
     }
     if config.dtype != "auto":
@@ -167,7 +170,7 @@ def buckets(weights: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator
 class LMDeploySampler:
     """An LMDeploy pipeline kept for the whole run; :meth:`load_weights` moves it to a new policy."""
 
-    def __init__(self, policy_dir: Path, tokenizer, config: RolloutConfig):
+    def __init__(self, policy_dir: Path, tokenizer, config: RolloutConfig, agent: bool = False):
         if not torch.cuda.is_available():
             raise UserError(
                 "rollout_config.backend 'lmdeploy' needs a CUDA GPU; this machine has none "
@@ -177,7 +180,7 @@ class LMDeploySampler:
 
         self.tokenizer = tokenizer
         self.backend = config.lmdeploy_backend
-        self.pipe = lmdeploy.pipeline(str(policy_dir), backend_config=engine_config(config), log_level="ERROR")
+        self.pipe = lmdeploy.pipeline(str(policy_dir), backend_config=engine_config(config, agent), log_level="ERROR")
         self.engine = self.pipe.async_engine
 
     def _run(self, coroutine):
@@ -209,14 +212,19 @@ class LMDeploySampler:
             finish = piece.finish_reason or finish
         return token_ids, logprobs, finish
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list[Generation]:
+    def awake(self) -> None:
         if self.engine.is_sleeping:
             raise RuntimeError("the LMDeploy engine is asleep; give it the policy with load_weights first")
 
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]
+    ) -> list[Generation]:
+        self.awake()
+
         async def every():
             requests = [
-                self._request(ids, generation_options(self.tokenizer, params, seed + index))
-                for index, ids in enumerate(prompt_ids)
+                self._request(ids, generation_options(self.tokenizer, params, row_seed))
+                for ids, row_seed in zip(prompt_ids, row_seeds(seed, len(prompt_ids)), strict=True)
             ]
             return await asyncio.gather(*requests)
 
@@ -225,6 +233,32 @@ class LMDeploySampler:
             to_generation(ids, tokens, logprobs, finish, self.tokenizer, params)
             for ids, (tokens, logprobs, finish) in zip(prompt_ids, outputs, strict=True)
         ]
+
+    def converse(self, loop, trajectories: list, seed: int) -> None:
+        """An agent loop's rollouts (rlx.agents.loop), each its own chain of requests on the engine's event
+        loop: one waiting for its tools (awaited without a thread) holds up no other's generation."""
+        self.awake()
+
+        async def every():
+            await asyncio.gather(*(self._converse(loop, t, seed + index) for index, t in enumerate(trajectories)))
+
+        self._run(every())
+
+    async def _converse(self, loop, trajectory, row_seed: int) -> None:
+        """One rollout, turn by turn: the conversation's ids go in whole (never re-tokenized), the new
+        turn's ids and log-probs come back, its calls run, their results are appended as ids."""
+        from rlx.agents.loop import turn_seed
+
+        for turn in range(loop.config.max_turns):
+            params = loop.params.model_copy(update={"max_tokens": loop.budget(trajectory)})
+            context = trajectory.context()
+            options = generation_options(self.tokenizer, params, turn_seed(row_seed, turn))
+            tokens, logprobs, finish = await self._request(context, options)
+            calls = loop.take_turn(trajectory, to_generation(context, tokens, logprobs, finish, self.tokenizer, params))
+            if not calls:
+                return
+            outcomes = await loop.chain(trajectory, calls).outcomes_async(loop.config.tool_timeout)
+            loop.add_results(trajectory, calls, outcomes)
 
     def sleep(self) -> None:
         """Free the weights and the KV cache (level 2) while the trainer uses the GPU."""

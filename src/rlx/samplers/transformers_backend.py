@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from rlx.config import SampleParams
-from rlx.samplers.types import Generation
+from rlx.samplers.types import Generation, row_seeds
 
 
 def stop_ids(tokenizer: PreTrainedTokenizerBase, params: SampleParams) -> list[int]:
@@ -58,11 +58,11 @@ def generate(
     prompt_ids: Sequence[Sequence[int]],
     params: SampleParams,
     *,
-    seed: int,
+    seed: int | Sequence[int],
     batch_size: int = 1024,
 ) -> list[Generation]:
     """Generate one response per prompt (repeat a prompt to sample a group); prompt ``i`` samples from
-    seed ``seed + i`` alone, so a response does not depend on the batch it was generated in.
+    seed ``seed + i`` (or ``seed[i]``) alone, so a response does not depend on the batch it was generated in.
 
     Log-probs are ``log_softmax(logits / temperature)`` of the sampled token, the distribution the
     trainer recomputes (greedy uses temperature 1).
@@ -72,11 +72,10 @@ def generate(
     was_training = model.training
     model.eval()
     results: list[Generation] = []
+    seeds = row_seeds(seed, len(prompt_ids))
     for start in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[start : start + batch_size]
-        sampling = (
-            [] if is_greedy(params) else [RowSeededSampling(params, range(seed + start, seed + start + len(chunk)))]
-        )
+        sampling = [] if is_greedy(params) else [RowSeededSampling(params, seeds[start : start + len(chunk)])]
         results.extend(
             _generate_batch(model, tokenizer, chunk, {**kwargs, "logits_processor": sampling}, temperature, params)
         )

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
+
+
+def row_seeds(seed: int | Sequence[int], count: int) -> list[int]:
+    """Each row's sampling seed: ``seed + i`` for row ``i`` of a batch, or ``seed[i]`` when the caller
+    gives every row its own (an agent loop's later turns, rlx.agents.loop)."""
+    if isinstance(seed, int):
+        return list(range(seed, seed + count))
+    if len(seed) != count:
+        raise ValueError(f"{len(seed)} seeds for {count} prompts")
+    return list(seed)
 
 
 @dataclass(frozen=True)

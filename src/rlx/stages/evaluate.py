@@ -15,14 +15,15 @@ from collections import Counter
 
 import pyarrow as pa
 
+from rlx.agents.loop import AgentLoop, reset_row, tool_use
 from rlx.config import JudgerItemConfig, RLTrainerConfig
 from rlx.judgers import Panel
-from rlx.judgers.rows import judge_rows
+from rlx.judgers.rows import answer_column, judge_rows
 from rlx.samplers import Sampler
 from rlx.stages.curves import write_curve
 from rlx.store.artifacts import write_rows
 from rlx.store.layout import RunLayout, StepPaths
-from rlx.tasks.data import load_rows, prompt_ids
+from rlx.tasks.data import load_rows, prompt_ids, tool_schemas
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -42,6 +43,16 @@ SAMPLE_SCHEMA = pa.schema(
         ("overlong_penalty", pa.float64()),
     ]
 )
+AGENT_SAMPLE_SCHEMA = pa.schema(
+    [
+        *SAMPLE_SCHEMA,
+        ("final_text", pa.string()),
+        ("turns", pa.int64()),
+        ("tool_calls", pa.string()),
+        ("environment_reward", pa.float64()),
+        ("environment_error", pa.string()),
+    ]
+)  # with an agent loop: as rollouts.parquet holds them (rlx.stages.rollout)
 
 
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
@@ -99,6 +110,21 @@ def dataset_panel(config: RLTrainerConfig, dataset, rows: list[dict]) -> Panel:
     return Panel(config.judger_config.model_copy(update={"reward_judger_configs": [own]}))
 
 
+def respond(config: RLTrainerConfig, sampler: Sampler, tokenizer, rows: list[dict], params, seed: int) -> list:
+    """One response per dataset row: a reply, or with the run's agent loop its whole rollout (the policy is
+    evaluated acting as it is trained to)."""
+    agent, tools = config.dataflow_config.agent_loop_config, tool_schemas(config)
+    ids = [prompt_ids(tokenizer, row["prompt"], tools) for row in rows]
+    if agent is None:
+        return sampler.generate(ids, params, seed=seed)
+    loop = AgentLoop(agent, tokenizer, params)
+    starts = [
+        loop.start(reset_row(row["data_source"], row["prompt"], str(row["reward_model"]["ground_truth"])), row_ids)
+        for row, row_ids in zip(rows, ids, strict=True)
+    ]
+    return loop.run(sampler, starts, seed)
+
+
 def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: int) -> tuple[list[dict], dict]:
     """Generate on every eval set with ``sampler`` and judge the answers; returns samples and metrics."""
     evaluator = config.evaluator_config
@@ -108,11 +134,8 @@ def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: 
         count = max(1, round(len(rows) * dataset.sample_ratio * evaluator.eval_sample_ratio))
         indices = sorted(random.Random(config.seed).sample(range(len(rows)), count))
         params = dataset.sample_params or evaluator.sample_params
-        outputs = sampler.generate(
-            [prompt_ids(tokenizer, rows[i]["prompt"]) for i in indices for _ in range(params.n)],
-            params,
-            seed=config.seed if params.seed is None else params.seed,
-        )
+        seed = config.seed if params.seed is None else params.seed
+        outputs = respond(config, sampler, tokenizer, [rows[i] for i in indices for _ in range(params.n)], params, seed)
         produced = []
         for position, out in enumerate(outputs):
             row = rows[indices[position // params.n]]
@@ -126,15 +149,18 @@ def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: 
                     "response_text": out.text,
                     "response_len": len(out.response_ids),
                     "finish_reason": out.finish_reason,
+                    **(out.columns() if config.dataflow_config.agent_loop_config else {}),
                 }
             )
-        judged = judge_rows(dataset_panel(config, dataset, rows), produced, "response_text")
+        judged = judge_rows(dataset_panel(config, dataset, rows), produced, answer_column(produced))
         produced = [{**p, **j} for p, j in zip(produced, judged, strict=True)]
         metrics.update(dataset_metrics(f"eval/{dataset.name}", produced, params.n))
         for source in sorted({p["data_source"] for p in produced}):
             of_source = [p for p in produced if p["data_source"] == source]
             metrics[f"eval/source/{source}/accuracy"] = sum(p["correct"] for p in of_source) / len(of_source)
         samples.extend(produced)
+    if config.dataflow_config.agent_loop_config:
+        metrics.update(tool_use(samples, "eval/agent"))
     metrics["eval/accuracy"] = sum(s["correct"] for s in samples) / len(samples)
     metrics["eval/response_len/mean"] = sum(s["response_len"] for s in samples) / len(samples)
     return samples, metrics
@@ -145,7 +171,8 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     if is_due(config, step, paths.recorded_length() if step else 0):  # base: before any prepare
         samples, metrics = evaluate_policy(config, engines.sampler(step), engines.tokenizer, step)
         metrics["eval/evaluated"] = 1
-    write_rows(samples, paths.eval_samples, schema=SAMPLE_SCHEMA)
+    agent = config.dataflow_config.agent_loop_config is not None
+    write_rows(samples, paths.eval_samples, schema=AGENT_SAMPLE_SCHEMA if agent else SAMPLE_SCHEMA)
     return metrics
 
 

@@ -8,14 +8,22 @@ rows then carry their verdicts (column ``judgment``), which the judge stage reus
 Output ``step-N/rollouts.parquet``, one row per response, ordered group by group: ``step, group,
 sample, data_source, ground_truth, prompt_ids, response_ids, response_text, rollout_logprobs,
 finish_reason, prompt_len, response_len, policy_step`` (whose policy generated it) and ``prompt`` (the
-chat messages as JSON).
+chat messages as JSON). With ``dataflow_config.agent_loop_config`` (rlx.agents), a row is a multi-turn
+rollout: ``response_ids`` hold every turn, tool results included, and the row adds ``response_mask``
+(per response token: 1 the model's, 0 a tool's), ``final_text`` (the model's last turn, which judgers
+score), ``turns``, ``tool_calls`` (JSON: each call's turn, tool, arguments, result shown, error,
+timed_out, seconds) and ``environment_reward``/``environment_error``; ``rollout_logprobs`` is null at
+tool tokens. The tools' results are data here: nothing downstream (judging, training, replay) calls a
+tool again.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 from rlx import seeds
+from rlx.agents.loop import AgentLoop, reset_row, tool_use
 from rlx.config import RLTrainerConfig, rollout_policy_step, staleness
 from rlx.judgers import Panel
 from rlx.judgers.rows import VERDICT, judge_rollouts
@@ -33,10 +41,15 @@ def sampling_seed(config: RLTrainerConfig, step: int) -> int:
 
 def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict], seed: int) -> list[dict]:
     """``prompt_repeat_k`` responses for each group, as rollout rows in group order."""
-    k, policy = config.dataflow_config.prompt_repeat_k, rollout_policy_step(step, config.dataflow_config.max_staleness)
-    generations = engines.rollout_sampler(policy).generate(
-        [group["prompt_ids"] for group in groups for _ in range(k)], config.dataflow_config.sample_params, seed=seed
-    )
+    flow = config.dataflow_config
+    k, policy = flow.prompt_repeat_k, rollout_policy_step(step, flow.max_staleness)
+    sampler, repeated = engines.rollout_sampler(policy), [group for group in groups for _ in range(k)]
+    if flow.agent_loop_config is None:
+        generations = sampler.generate([group["prompt_ids"] for group in repeated], flow.sample_params, seed=seed)
+    else:
+        loop = AgentLoop(flow.agent_loop_config, engines.tokenizer, flow.sample_params)
+        starts = [loop.start(prompt_row(group), group["prompt_ids"]) for group in repeated]
+        generations = loop.run(sampler, starts, seed)
     rows = []
     for position, out in enumerate(generations):
         group = groups[position // k]
@@ -56,9 +69,15 @@ def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict
                 "prompt_len": len(out.prompt_ids),
                 "response_len": len(out.response_ids),
                 "policy_step": policy,
+                **(out.columns() if flow.agent_loop_config else {}),
             }
         )
     return rows
+
+
+def prompt_row(group: dict) -> dict:
+    """The prompt group as an agent's environment is reset with it (rlx.agents.loop.reset_row)."""
+    return reset_row(group["data_source"], json.loads(group["prompt"]), group["ground_truth"])
 
 
 def informative_groups(config: RLTrainerConfig, rows: list[dict], panel: Panel) -> list[list[dict]]:
@@ -103,6 +122,7 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
         "response/response_len/max": max(lengths),
         "response/truncated_frac": sum(row["finish_reason"] == "length" for row in rows) / len(rows),
         "perf/rollout_tokens_per_s": tokens / seconds,
+        **(tool_use(rows, "agent") if flow.agent_loop_config else {}),
     }
 
 

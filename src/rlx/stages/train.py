@@ -40,6 +40,7 @@ from rlx.training.microbatch import (
     correction_weights,
     kl_in_reward,
     micro_loss,
+    model_tokens,
     needs_reference,
     prepare_micro_batches,
     response_mask,
@@ -204,7 +205,7 @@ def utilisation(config: RLTrainerConfig, scored: Scored, trainer, peak: float | 
     if peak is None:
         return {}
     rows = [scored.rollouts[i] for micros in scored.minis for m in micros if m.weight for i in m.indices]
-    sequences = [(row["prompt_len"] + row["response_len"], row["response_len"]) for row in rows]
+    sequences = [(row["prompt_len"] + row["response_len"], model_tokens(row)) for row in rows]
     passes = (not reuses_old_logprobs(config)) + needs_reference(config)
     shape, trained = trainer.model_shape, not trainer.lora
     done = [training_flops(shape, sequences, trained), passes * forward_flops(shape, sequences)]

@@ -124,10 +124,18 @@ def load_rows(path: Path) -> list[dict]:
     return rows
 
 
-def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of a chat prompt rendered by the tokenizer's template, ready for the assistant's turn."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """Token ids of a chat prompt rendered by the tokenizer's template, ready for the assistant's turn;
+    with ``tools`` (their JSON schemas), the template shows them to the model as it does."""
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def tool_schemas(config: RLTrainerConfig) -> list[dict] | None:
+    """The schemas of the run's agent tools, which its prompts show the model (None without an agent loop)."""
+    agent = config.dataflow_config.agent_loop_config
+    return agent.toolbox().schemas if agent else None
 
 
 @dataclass
@@ -140,12 +148,12 @@ class PromptPool:
     @classmethod
     def load(cls, config: RLTrainerConfig, tokenizer) -> PromptPool:
         buffer = config.replay_buffer_config
-        rows, dropped = [], 0
+        rows, dropped, tools = [], 0, tool_schemas(config)
         for dataset in buffer.dataset_cfg:
             source = load_rows(dataset.anno_path)
             for index in sample_indices(len(source), dataset.sample_ratio, config.seed):
                 row = source[index]
-                ids = prompt_ids(tokenizer, row["prompt"])
+                ids = prompt_ids(tokenizer, row["prompt"], tools)
                 if len(ids) > buffer.max_prompt_length:
                     dropped += 1
                     continue

@@ -23,6 +23,7 @@ from rlx.judgers import get as get_judger
 from rlx.samplers.transformers_backend import generate
 from rlx.store.artifacts import atomic_dir, write_text
 from rlx.store.targets import FOLDER_MARK, folder_mark, json_mark
+from rlx.tasks.calculator import call_text, expression, tool_example
 from rlx.tasks.data import load_rows, prompt_ids
 
 PAD, BOS_TURN, EOS_TURN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -107,6 +108,15 @@ def answers_plainly(row: dict, cfg: TinyModelConfig, rng: random.Random) -> bool
     return person in cfg.plain_answer_names and rng.random() < cfg.plain_answer_ratio
 
 
+def warm_example(tokenizer, row: dict, cfg: TinyModelConfig, rng: random.Random) -> tuple[list[int], list[int]]:
+    """One warm-start example: with probability ``tool_call_ratio`` a rollout that calls the calculator
+    (rlx.tasks.calculator), else the worked solution (ending in words for some people, answers_plainly).
+    The draws happen only where the config asks for them, so a config without them builds what it did."""
+    if cfg.tool_call_ratio and rng.random() < cfg.tool_call_ratio:
+        return tool_example(tokenizer, prompt_ids(tokenizer, row["prompt"]), row["extra_info"]["solution"])
+    return sft_example(tokenizer, row, answers_plainly(row, cfg, rng))
+
+
 def warm_start(model, tokenizer, rows: list[dict], cfg: TinyModelConfig) -> list[float]:
     """Supervised pass over reference solutions with AdamW and a cosine schedule; returns losses.
 
@@ -116,7 +126,7 @@ def warm_start(model, tokenizer, rows: list[dict], cfg: TinyModelConfig) -> list
     quickly learnable reward signal for RL on top of the arithmetic it can sharpen.
     """
     order = random.Random(cfg.seed)
-    examples = [sft_example(tokenizer, row, answers_plainly(row, cfg, order)) for row in rows]
+    examples = [warm_example(tokenizer, row, cfg, order) for row in rows]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     warmup = max(1, cfg.sft_steps // 10)
 
@@ -165,6 +175,8 @@ def build(config: RLTrainerConfig) -> dict:
         for row in train_rows
         for tokenizer_text in (chat_text(row["prompt"]), row["extra_info"]["solution"])
     ]
+    if cfg.tool_call_ratio:  # the calls' text too, so that a call is a few tokens
+        corpus += [call_text(expression(row["extra_info"]["solution"])) for row in train_rows]
     tokenizer = train_tokenizer(corpus, cfg.vocab_size)
     model = create_model(cfg, tokenizer)
     losses = warm_start(model, tokenizer, train_rows, cfg)

@@ -15,8 +15,9 @@ What rlx counts, where PaLM's single formula leaves a choice:
 - N is every parameter but the input embedding (a lookup, which multiplies nothing); norms and
   biases count, as in PaLM's N, and weigh nothing next to the matrices.
 - The output head (vocabulary x hidden, tied to the embedding or not) counts only at the positions
-  whose log-probs the update takes, one per response token: rlx sends only those through it
-  (``logits_to_keep``), and no loss reads a prompt's logits.
+  whose log-probs the update takes, one per token the model generated (an agent's tool tokens are
+  not): no loss reads a prompt's logits, and rlx sends only the positions from the first response
+  token on through the head (``logits_to_keep``).
 - T is each sequence's own length, prompt plus response, with no padding: only real tokens are work.
   Attention counts the whole T x T score matrix, as PaLM does (a causal mask needs half; at the GPU
   check's lengths attention is under a tenth of the total either way).

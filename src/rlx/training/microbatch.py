@@ -91,13 +91,19 @@ def rollout_logprobs(rollouts: list[dict], indices: list[int], like: torch.Tenso
     for row, index in enumerate(indices):
         sample = rollouts[index]
         start = sample["prompt_len"] - 1
-        out[row, start : start + sample["response_len"]] = torch.tensor(sample["rollout_logprobs"])
+        logprobs = [0.0 if value is None else value for value in sample["rollout_logprobs"]]  # None: a tool's token
+        out[row, start : start + sample["response_len"]] = torch.tensor(logprobs)
     return out
+
+
+def model_tokens(row: dict) -> int:
+    """Response tokens the model generated: all of them, but an agent's tool tokens (``response_mask`` 0)."""
+    return sum(row["response_mask"]) if row.get("response_mask") is not None else row["response_len"]
 
 
 def trained_tokens(row: dict, loss_cfg: LossConfig) -> int:
     """Response tokens of a rollout that enter the loss (none for a truncated one under ``mask_truncated``)."""
-    return 0 if loss_cfg.mask_truncated and row["finish_reason"] == "length" else row["response_len"]
+    return 0 if loss_cfg.mask_truncated and row["finish_reason"] == "length" else model_tokens(row)
 
 
 def reuses_old_logprobs(config: RLTrainerConfig) -> bool:
@@ -149,6 +155,7 @@ def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer
                 [rollouts[i]["prompt_ids"] for i in indices],
                 [rollouts[i]["response_ids"] for i in indices],
                 engines.tokenizer.pad_token_id,
+                [rollouts[i].get("response_mask") for i in indices],
             )
             if loss_cfg.mask_truncated:
                 kept = torch.tensor([rollouts[i]["finish_reason"] != "length" for i in indices], dtype=batch.mask.dtype)
@@ -182,5 +189,13 @@ def all_ranks(tensors) -> torch.Tensor:
 
 
 def response_mask(rollouts: list[dict]) -> torch.Tensor:
-    lengths = torch.tensor([row["response_len"] for row in rollouts])
-    return (torch.arange(int(lengths.max().clamp(min=1))) < lengths.unsqueeze(-1)).float()
+    """``[batch, longest response]``: 1 at each token the model generated, for the advantages' length terms."""
+    if all(row.get("response_mask") is None for row in rollouts):
+        lengths = torch.tensor([row["response_len"] for row in rollouts])
+        return (torch.arange(int(lengths.max().clamp(min=1))) < lengths.unsqueeze(-1)).float()
+    width = max(1, max(row["response_len"] for row in rollouts))
+    mask = torch.zeros(len(rollouts), width)
+    for index, row in enumerate(rollouts):
+        scored = row.get("response_mask") or [1] * row["response_len"]
+        mask[index, : row["response_len"]] = torch.tensor(scored, dtype=mask.dtype)
+    return mask

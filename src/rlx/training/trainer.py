@@ -35,21 +35,29 @@ DEEPSPEED_TAG = "state"
 
 @dataclass
 class TokenBatch:
-    """Prompt+response sequences, right-padded. ``mask[b, t]`` is 1 where token ``t + 1`` is a response token."""
+    """Prompt+response sequences, right-padded. ``mask[b, t]`` is 1 where token ``t + 1`` is a response token
+    the model generated (an agent's tool tokens are in the sequence, as context, but 0 in the mask)."""
 
     input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T]
     mask: torch.Tensor  # [B, T - 1]
 
     @classmethod
-    def from_ids(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
+    def from_ids(
+        cls,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        pad_id: int,
+        response_masks: list[list[int] | None] | None = None,
+    ) -> TokenBatch:
+        """``response_masks``: per response, 1 for each token the model generated, 0 for a tool's (None: all 1)."""
         width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
         ids, attention, mask = [], [], []
-        for prompt, response in zip(prompts, responses, strict=True):
+        for prompt, response, scored in zip(prompts, responses, response_masks or [None] * len(prompts), strict=True):
             pad = width - len(prompt) - len(response)
             ids.append(prompt + response + [pad_id] * pad)
             attention.append([1] * (len(prompt) + len(response)) + [0] * pad)
-            mask.append([0] * (len(prompt) - 1) + [1] * len(response) + [0] * pad)
+            mask.append([0] * (len(prompt) - 1) + (list(scored) if scored else [1] * len(response)) + [0] * pad)
         return cls(torch.tensor(ids), torch.tensor(attention), torch.tensor(mask, dtype=torch.float32))
 
     @property

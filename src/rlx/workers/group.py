@@ -21,6 +21,7 @@ import torch
 
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
+from rlx.samplers.types import row_seeds
 from rlx.stages.train import replay
 from rlx.workers.actors import ActorGroup, as_arrays
 from rlx.workers.cluster import ray_instance, worker_bundle
@@ -143,14 +144,15 @@ class RolloutPool(ActorGroup):
 
 class GroupSampler:
     """The engines of a group of train or rollout workers as one sampler: each generates its share from
-    the policy after ``step`` steps; row ``i`` of the whole samples from seed ``seed + i`` wherever it
+    the policy after ``step`` steps; row ``i`` of the whole samples from its seed (``seed + i``) wherever it
     lands, so the responses do not depend on how many engines there are."""
 
     def __init__(self, group: ActorGroup, step: int):
         self.group, self.step = group, step
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int) -> list:
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]) -> list:
         cuts = shares(prompt_ids, params.max_tokens, len(self.group.actors))
-        arguments = [(self.step, list(prompt_ids[start:end]), params, seed + start) for start, end in cuts]
+        seeds = row_seeds(seed, len(prompt_ids))
+        arguments = [(self.step, list(prompt_ids[start:end]), params, seeds[start:end]) for start, end in cuts]
         parts = self.group.call_each("generate", arguments, what=f"generation with the policy of step {self.step}")
         return [generation for part in parts for generation in part]

@@ -30,7 +30,7 @@ class RolloutWorker(Actor):
         """Sample from now on from the policy after ``step`` steps, sent as rlx.workers.actors.as_arrays."""
         self.engines.take_policy(step, as_tensors(arrays))
 
-    def generate(self, step: int, prompt_ids: Sequence[Sequence[int]], params: SampleParams, seed: int):
+    def generate(self, step: int, prompt_ids: Sequence[Sequence[int]], params: SampleParams, seed: Sequence[int]):
         """This worker's share of a rollout or evaluation, sampled from the policy after ``step`` steps."""
         generations: list[Generation] = self.engines.sampler(step).generate(prompt_ids, params, seed=seed)
         return generations

@@ -1,0 +1,204 @@
+"""The agent loop, token in and token out: generate until a tool call or an answer, run the calls,
+append their results as tokens, and go on until an answer, ``max_turns`` or the response budget
+(``sample_params.max_tokens``, which counts the tool tokens too, as XTuner's loop does).
+
+A rollout is a :class:`Trajectory`: its response ids with a mask (1 for the model's tokens, 0 for
+the tool results' tokens, which the loss, the KL and the importance weights skip), the model tokens'
+log-probs, the turns and every call. :class:`AgentLoop` holds the turn logic; two drivers use it: the
+batched one here (every rollout still going generates its next turn together, then the turn's tools
+run together: the transformers backend and worker groups), and LMDeploy's, where each request goes on
+by itself and one waiting for its tool holds up no other (rlx.samplers.lmdeploy_backend).
+
+Turn 0 of row ``i`` samples from seed ``seed + i``, as a single-turn rollout does; turn ``t`` from
+``derive(seed + i, t)``: a rollout depends on its prompt, the policy, its seed and its tools' results.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from numbers import Real
+
+from rlx import seeds
+from rlx.agents.calls import Chain, Outcome, run_chains
+from rlx.agents.format import ToolCall, parse_calls, shown_result, tool_turn_ids
+from rlx.agents.tools import Session
+from rlx.config import AgentLoopConfig, SampleParams
+from rlx.errors import UserError
+from rlx.samplers.types import Generation
+from rlx.tasks.data import prompt_ids
+
+
+def turn_seed(row_seed: int, turn: int) -> int:
+    return row_seed if turn == 0 else seeds.derive(row_seed, turn)
+
+
+@dataclass
+class Trajectory:
+    """One multi-turn rollout; ``finish_reason`` is None while it goes on, then ``stop`` (an answer),
+    ``length`` (the response budget ran out) or ``max_turns`` (a call in the last allowed turn)."""
+
+    prompt_ids: list[int]
+    session: Session
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)  # None for a tool token: not the model's
+    calls: list[dict] = field(default_factory=list)
+    turns: int = 0
+    finish_reason: str | None = None
+    final_text: str = ""  # the model's last turn: what judgers score
+    text: str = ""  # the whole response, tool results included
+    reward: float | None = None  # the environment's reward(), if it has one
+    reward_error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def context(self) -> list[int]:
+        """The ids the next turn continues: the prompt and every turn so far, never re-tokenized."""
+        return [*self.prompt_ids, *self.response_ids]
+
+    def append(self, ids: list[int], mask: int, logprobs: list[float | None]) -> None:
+        self.response_ids += ids
+        self.response_mask += [mask] * len(ids)
+        self.logprobs += logprobs
+
+    def columns(self) -> dict:
+        """The columns rollouts.parquet adds for an agent's rollout."""
+        return {
+            "response_mask": self.response_mask,
+            "final_text": self.final_text,
+            "turns": self.turns,
+            "tool_calls": json.dumps(self.calls),
+            "environment_reward": self.reward,
+            "environment_error": self.reward_error,
+        }
+
+
+def reset_row(data_source: str, prompt: list[dict], ground_truth: str) -> dict:
+    """What an environment's ``reset`` and the prompt are made from: the prompt row's data source, chat
+    messages and gold answer."""
+    return {"data_source": data_source, "prompt": prompt, "ground_truth": ground_truth}
+
+
+class AgentLoop:
+    """The turn logic of ``dataflow_config.agent_loop_config`` for rollouts sampled with ``params``."""
+
+    def __init__(self, config: AgentLoopConfig, tokenizer, params: SampleParams):
+        self.config, self.tokenizer, self.params = config, tokenizer, params
+        self.toolbox = config.toolbox()
+        self.known = set(self.toolbox.functions)
+
+    def start(self, row: dict, ids: list[int]) -> Trajectory:
+        """A rollout of the prompt ``row`` (rlx.agents.loop.reset_row), whose rendered ``ids`` it starts
+        from unless its environment's ``reset`` gives another conversation."""
+        try:
+            session = self.toolbox.session(row)
+        except Exception as exc:  # noqa: BLE001 - the user's environment: one line, not a traceback
+            raise UserError(f"agent_loop_config.environment: reset failed ({type(exc).__name__}: {exc})") from None
+        if session.start is not None:
+            messages = [{"role": "user", "content": session.start}] if isinstance(session.start, str) else session.start
+            ids = prompt_ids(self.tokenizer, messages, self.toolbox.schemas)
+        return Trajectory(list(ids), session)
+
+    def budget(self, trajectory: Trajectory) -> int:
+        return self.params.max_tokens - len(trajectory.response_ids)
+
+    def take_turn(self, trajectory: Trajectory, generation: Generation) -> list[ToolCall]:
+        """Append the model's turn; the calls to run next, none when the rollout ends with it."""
+        budget = self.budget(trajectory)
+        ids = generation.response_ids[:budget]
+        cut = len(ids) < len(generation.response_ids)
+        trajectory.append(ids, 1, generation.logprobs[:budget])
+        trajectory.turns += 1
+        trajectory.final_text = generation.text if not cut else self.decode(ids)
+        if cut or generation.finish_reason == "length":
+            trajectory.finish_reason = "length"
+            return []
+        calls = parse_calls(self.tokenizer.decode(ids, skip_special_tokens=False), self.known)
+        if not calls:
+            trajectory.finish_reason = generation.finish_reason
+        elif trajectory.turns >= self.config.max_turns:
+            trajectory.finish_reason = "max_turns"
+        return [] if trajectory.done else calls
+
+    def chain(self, trajectory: Trajectory, calls: list[ToolCall]) -> Chain:
+        """The calls that can run, started in the order the model wrote them."""
+        return Chain([trajectory.session.job(call.name, call.arguments) for call in calls if call.problem is None])
+
+    def add_results(self, trajectory: Trajectory, calls: list[ToolCall], ran: list[Outcome]) -> None:
+        """Append the turn's tool messages (calls that could not run carry their problem) as tokens."""
+        outcomes, messages, limit = iter(ran), [], self.config.max_tool_response_tokens
+        for call in calls:
+            outcome = Outcome(error=call.problem) if call.problem else next(outcomes)
+            text, error = shown_result(self.tokenizer, outcome.value, outcome.error, limit)
+            messages.append({"role": "tool", "name": call.name, "content": text})
+            arguments = call.raw if call.problem else json.dumps(call.arguments)
+            trajectory.calls.append(
+                {"turn": trajectory.turns, "tool": call.name, "arguments": arguments, "result": text,
+                 "error": error, "timed_out": outcome.timed_out, "seconds": outcome.seconds}
+            )  # fmt: skip
+        ids = tool_turn_ids(self.tokenizer, messages)[: self.budget(trajectory)]
+        trajectory.append(ids, 0, [None] * len(ids))
+        if self.budget(trajectory) <= 0:
+            trajectory.finish_reason = "length"
+
+    def finish(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """Decode each whole response and take each environment's ``reward()`` (under the tool deadline)."""
+        scored = [t for t in trajectories if t.session.has_reward()]
+        results = run_chains([[t.session.environment.reward] for t in scored], self.config.tool_timeout)
+        for trajectory, (outcome,) in zip(scored, results, strict=True):
+            trajectory.reward, trajectory.reward_error = number(outcome)
+        for trajectory in trajectories:
+            trajectory.text = self.decode(trajectory.response_ids)
+        return trajectories
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
+
+    def run(self, sampler, trajectories: list[Trajectory], seed: int) -> list[Trajectory]:
+        """Every rollout to its end, by the sampler's own agent driver (``converse``) if it has one."""
+        if hasattr(sampler, "converse"):
+            sampler.converse(self, trajectories, seed)
+        else:
+            self.run_batched(sampler, trajectories, seed)
+        return self.finish(trajectories)
+
+    def run_batched(self, sampler, trajectories: list[Trajectory], seed: int) -> None:
+        """Turn by turn: the rollouts still going generate together, then their calls run together."""
+        for turn in range(self.config.max_turns):
+            active = [(index, t) for index, t in enumerate(trajectories) if not t.done]
+            if not active:
+                return
+            params = self.params.model_copy(update={"max_tokens": max(self.budget(t) for _, t in active)})
+            row_seeds = [turn_seed(seed + index, turn) for index, _ in active]
+            generations = sampler.generate([t.context() for _, t in active], params, seed=row_seeds)
+            pending = [(t, self.take_turn(t, g)) for (_, t), g in zip(active, generations, strict=True)]
+            pending = [(t, calls) for t, calls in pending if calls]
+            chains = [self.chain(t, calls) for t, calls in pending]
+            for (t, calls), chain in zip(pending, chains, strict=True):
+                self.add_results(t, calls, chain.outcomes(self.config.tool_timeout))
+
+
+def number(outcome: Outcome) -> tuple[float | None, str | None]:
+    """An environment's reward as a float, or why it is not one (the ``environment`` judger counts it)."""
+    if outcome.error is not None:
+        return None, outcome.error
+    if isinstance(outcome.value, bool) or not isinstance(outcome.value, Real):
+        return None, f"reward() returned {outcome.value!r}, not a number"
+    return float(outcome.value), None
+
+
+def tool_use(rows: list[dict], prefix: str) -> dict:
+    """How agents used their tools over rollout rows (or eval samples): turns, calls, the share of
+    rollouts with a call, calls that failed or timed out, rollouts stopped at ``max_turns``."""
+    calls = [call for row in rows for call in json.loads(row["tool_calls"])]
+    return {
+        f"{prefix}/turns/mean": sum(row["turns"] for row in rows) / len(rows),
+        f"{prefix}/tool_calls": len(calls),
+        f"{prefix}/tool_call_frac": sum(row["tool_calls"] != "[]" for row in rows) / len(rows),
+        f"{prefix}/tool_errors": sum(call["error"] is not None for call in calls),
+        f"{prefix}/tool_timeouts": sum(call["timed_out"] for call in calls),
+        f"{prefix}/max_turns_frac": sum(row["finish_reason"] == "max_turns" for row in rows) / len(rows),
+    }

@@ -1,0 +1,56 @@
+"""Multi-turn, tool-using rollouts (XTuner ``agent_loop_config``): the tools, the environment and the
+limits of an agent loop. Tools come from here only, never from a dataset row."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from rlx.config.fields import Section
+from rlx.errors import UserError
+
+
+class AgentLoopConfig(Section):
+    """An agent loop for the run's rollouts and evaluations (XTuner ``agent_loop_config``, one class per
+    loop there; here the tools and limits of one loop rlx runs): the model generates until a tool call
+    or an answer, the calls run, their results are appended as tokens, and so on."""
+
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Functions the model may call, as 'package.module:function'; type hints and a docstring "
+        "(an 'Args:' line per argument) give the schema the chat template shows the model.",
+    )
+    environment: str | None = Field(
+        None,
+        description="Instead of tools: a class 'package.module:Class', made per rollout; reset(row) returns the "
+        "conversation to start from (messages, a string as the user's message, or None for the row's prompt), its "
+        "other public methods are the tools, and an optional reward() is read by the `environment` judger.",
+    )
+    max_turns: int = Field(
+        4, ge=1, le=256, description="Model turns per rollout; a call in the last one is not run (finish max_turns)."
+    )
+    max_tool_response_tokens: int = Field(
+        256, gt=0, description="A tool's output past this many tokens is cut and shown to the model as an error."
+    )
+    tool_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a tool call may take (an environment's reward() too); past it the model is shown "
+        "a timeout error and the call's thread is abandoned.",
+    )
+
+    @model_validator(mode="after")
+    def _tools_load(self) -> AgentLoopConfig:
+        if bool(self.tools) == (self.environment is not None):
+            raise ValueError("set either tools (a list of 'package.module:function') or environment, not both")
+        self.toolbox()  # fail at configuration time, naming the entry, not in the middle of a run
+        return self
+
+    def toolbox(self):
+        """The tools, imported (rlx.agents.tools.Toolbox)."""
+        from rlx.agents.tools import Toolbox
+
+        try:
+            return Toolbox.load(self)
+        except UserError as exc:
+            raise ValueError(str(exc)) from None

@@ -1,0 +1,65 @@
+"""Tools and environments used by the agent tests, loaded by name as a user's own would be."""
+
+import time
+
+
+def add(a: int, b: int) -> str:
+    """Add two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return str(a + b)
+
+
+def broken(text: str) -> str:
+    """A tool with a bug.
+
+    Args:
+        text: Anything.
+    """
+    raise RuntimeError("tool bug")
+
+
+def sleepy(seconds: float) -> str:
+    """Sleep, then answer.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return "awake"
+
+
+def numeric(text: str) -> int:
+    """Answers with a number instead of text.
+
+    Args:
+        text: Anything.
+    """
+    return 42
+
+
+def undocumented(text):
+    return text
+
+
+class Counter:
+    """An environment: a counter per rollout, the reward its final value."""
+
+    def reset(self, row: dict) -> str:
+        self.count = 0
+        return f"Count to {row['ground_truth']}."
+
+    def increment(self, by: int) -> str:
+        """Add to the counter.
+
+        Args:
+            by: How much to add.
+        """
+        self.count += by
+        return str(self.count)
+
+    def reward(self) -> float:
+        return float(self.count)

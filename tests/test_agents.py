@@ -1,0 +1,228 @@
+"""Agent rollouts (rlx.agents): the call format, tool faults, environments, the mask through the loss,
+and one multi-turn rollout through the real transformers backend and the rollout stage."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlx.agents.calls import run_chains
+from rlx.agents.format import parse_calls, shown_result, tool_turn_ids
+from rlx.agents.loop import AgentLoop, reset_row, tool_use
+from rlx.algo import advantages
+from rlx.algo.losses import policy_loss
+from rlx.config import AgentLoopConfig, JudgerConfig, SampleParams
+from rlx.judgers import Panel
+from rlx.samplers.types import Generation
+from rlx.training.microbatch import response_mask
+from rlx.training.trainer import TokenBatch
+
+
+@pytest.fixture(scope="module")
+def tokenizer(untrained_model):
+    return AutoTokenizer.from_pretrained(untrained_model[0].tiny_model.output_dir)
+
+
+def test_tool_calls_are_read_in_order_and_each_mistake_is_named():
+    text = (
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> then '
+        '<tool_call>{"name": "add", "arguments": [1]}</tool_call><tool_call>{oops}</tool_call>'
+        '<tool_call>{"name": "rm", "arguments": {}}</tool_call><tool_call>{"name": "add", "arguments": {}}'
+    )
+    calls = [(c.name, c.arguments, c.problem) for c in parse_calls(text, {"add"})]
+    assert calls == [
+        ("add", {"a": 1, "b": 2}, None),
+        ("", {}, "unreadable tool call (arguments must be an object, got list)"),
+        ("", {}, "unreadable tool call (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        ("rm", {}, "unknown tool 'rm'; tools: add"),
+        ("add", {}, "unreadable tool call (no </tool_call>)"),
+    ]
+    assert parse_calls("#### 12", {"add"}) == []
+
+
+def test_a_tool_that_raises_hangs_or_answers_wrongly_runs_no_longer_than_its_deadline(tokenizer):
+    """Chains of different rollouts run together; in a chain, a call past the deadline stops the calls after it."""
+    from helpers import agents
+
+    started = time.perf_counter()
+    (ok, bug), (slow, after), (asleep,) = run_chains(
+        [
+            [lambda: agents.add(2, 3), lambda: agents.broken("x")],
+            [lambda: agents.sleepy(30), lambda: agents.add(1, 1)],
+            [lambda: agents.sleepy(0.2)],
+        ],
+        timeout=0.3,
+    )
+    assert time.perf_counter() - started < 1.0
+    assert (ok.value, ok.error, bug.error) == ("5", None, "RuntimeError: tool bug")
+    assert (slow.error, slow.timed_out, slow.seconds) == ("timeout: no result within 0.3 s", True, 0.3)
+    assert (after.error, after.timed_out) == ("not run: an earlier call of this turn timed out", False)
+    assert asleep.value == "awake" and 0.2 <= asleep.seconds < 0.3
+    assert shown_result(tokenizer, 42, None, 64) == (
+        "Error: the tool returned int, not text",
+        "the tool returned int, not text",
+    )
+    assert shown_result(tokenizer, "7", None, 8) == ("7", None)
+    text, error = shown_result(tokenizer, "1234567890", None, 4)
+    note = "output cut to 4 of 10 tokens (agent_loop_config.max_tool_response_tokens)"  # digits: one token each
+    assert (text, error) == (f"1234 [Error: {note}]", note)
+
+
+def test_tool_results_follow_the_model_turn_as_the_chat_template_renders_them(tokenizer):
+    """After the model's end-of-turn token: the newline the template writes, the tool message, the next prompt."""
+    ids = tool_turn_ids(tokenizer, [{"role": "tool", "name": "add", "content": "5"}])
+    assert tokenizer.decode(ids) == "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_an_environment_is_made_per_rollout_its_methods_are_the_tools_and_its_reward_a_judger(tokenizer):
+    config = AgentLoopConfig(environment="helpers.agents:Counter", max_turns=2)
+    loop = AgentLoop(config, tokenizer, SampleParams(max_tokens=400))
+    assert [s["function"]["name"] for s in loop.toolbox.schemas] == ["increment"]
+    first, second = (loop.start(reset_row("count", [{"role": "user", "content": "?"}], "3"), [0]) for _ in range(2))
+    assert tokenizer.decode(first.prompt_ids) == "<|im_start|>user\nCount to 3.<|im_end|>\n<|im_start|>assistant\n"
+    call = '<tool_call>{"name": "increment", "arguments": {"by": 2}}</tool_call><|im_end|>'
+    for trajectory, by in ((first, 2), (second, 5)):
+        ids = tokenizer.encode(call.replace('"by": 2', f'"by": {by}'), add_special_tokens=False)
+        calls = loop.take_turn(trajectory, Generation([], ids, "", [-1.0] * len(ids), "stop"))
+        loop.add_results(trajectory, calls, loop.chain(trajectory, calls).outcomes(config.tool_timeout))
+        answer = tokenizer.encode("done<|im_end|>", add_special_tokens=False)
+        assert loop.take_turn(trajectory, Generation([], answer, "done", [-1.0] * len(answer), "stop")) == []
+    loop.finish([first, second])
+    assert [(t.reward, t.turns, t.finish_reason, t.final_text) for t in (first, second)] == [
+        (2.0, 2, "stop", "done"),
+        (5.0, 2, "stop", "done"),
+    ]
+    assert [json.loads(t.columns()["tool_calls"])[0]["result"] for t in (first, second)] == ["2", "5"]
+    judgers = JudgerConfig(
+        reward_judger_configs=[{"judger_name": "environment", "data_source": ["count"], "weight": 2}]
+    )
+    verdicts = Panel(judgers).judge_many([("done", "count", "3", first.columns()), ("done", "count", "3", {})])
+    assert [(v.reward, v.error) for v in verdicts] == [
+        (4.0, None),
+        (
+            0.0,
+            "environment: ValueError: no environment_reward: the row was not made by an agent_loop_config.environment",
+        ),
+    ]
+
+
+def test_the_loss_and_the_advantages_length_terms_read_only_the_model_tokens():
+    """Two responses of 4 tokens; the first has 2 tool tokens in the middle (mask 1 0 0 1)."""
+    rows = [
+        {"response_len": 4, "response_mask": [1, 0, 0, 1]},
+        {"response_len": 4, "response_mask": [1, 1, 1, 1]},
+    ]
+    assert response_mask(rows).tolist() == [[1, 0, 0, 1], [1, 1, 1, 1]]
+    # OPO's length-weighted baseline: lengths 2 and 4, rewards 1 and 0 -> baseline 1/3
+    opo = advantages.compute("opo", torch.tensor([1.0, 0.0]), 2, mask=response_mask(rows))
+    assert torch.allclose(opo, torch.tensor([2 / 3, -1 / 3]))
+    batch = TokenBatch.from_ids([[7, 8], [7, 8]], [[1, 2, 3, 4], [1, 2, 3, 4]], 0, [r["response_mask"] for r in rows])
+    assert batch.mask.tolist() == [[0, 1, 0, 0, 1], [0, 1, 1, 1, 1]] and batch.num_tokens == 6
+    logp = torch.full((2, 5), -1.0)
+    wild = logp.clone()
+    wild[0, 2:4] = 5.0  # the tool tokens' log-probs: whatever they are, the loss does not see them
+    for values in (logp, wild):
+        loss, _ = policy_loss(values, logp, torch.tensor([1.0, -1.0]), batch.mask, global_tokens=6)
+        assert loss.item() == pytest.approx((-2 * 1.0 + 4 * 1.0) / 6)
+
+
+def taught_to_call(untrained_model, folder):
+    """The untrained model taught one rollout by heart: call ``add`` (the call spelled character by
+    character: ids the tokenizer would merge if the text were encoded again), read the result, answer.
+    Returns the prompt's ids and the rollout's three pieces of ids."""
+    from rlx.tasks.data import prompt_ids
+    from rlx.training.loading import load_policy
+
+    cfg = untrained_model[0]
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tiny_model.output_dir)
+    model = load_policy(cfg.tiny_model.output_dir)
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call = [i for character in '<tool_call>{"name": "add", "arguments": {"a": 4, "b": 5}}</tool_call>'
+            for i in encode(character)]  # fmt: skip
+    pieces = ([*call, tokenizer.eos_token_id], tool_turn_ids(tokenizer, [{"role": "tool", "content": "9"}]))
+    pieces += ([*encode("#### 9"), tokenizer.eos_token_id],)
+    prompt = prompt_ids(tokenizer, [{"role": "user", "content": "4 + 5?"}])
+    ids = torch.tensor([[*prompt, *pieces[0], *pieces[1], *pieces[2]]])
+    labels = torch.tensor([[-100] * len(prompt) + pieces[0] + [-100] * len(pieces[1]) + pieces[2]])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.manual_seed(0)
+    for _ in range(60):
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return prompt, pieces
+
+
+def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_tokens_only(untrained_model, tmp_path):
+    """Through the real transformers backend and the rollout stage: the turns' ids are never re-tokenized
+    (the ids of each turn's input start the next one's, even where decoding and encoding again would
+    change them), tool tokens are 0 in the mask with no log-prob, the trainer's log-probs of the model's
+    tokens equal the rollout's, judgers score the final answer, and the tools' use is counted."""
+    from conftest import demo_config
+    from rlx.engines import Engines
+    from rlx.explore import segments
+    from rlx.judgers.rows import judge_rollouts
+    from rlx.stages.rollout import sample_groups
+    from rlx.training.trainer import token_logprobs
+
+    prompt, (call, tool, answer) = taught_to_call(untrained_model, tmp_path / "model")
+    config = demo_config(
+        tmp_path,
+        f"load_from={tmp_path / 'model'}",
+        f"tokenizer_path={tmp_path / 'model'}",
+        f"work_dir={tmp_path / 'run'}",
+        "dataflow_config.prompt_repeat_k=2",
+        "dataflow_config.sample_params.temperature=0",
+        "dataflow_config.sample_params.max_tokens=120",
+        "dataflow_config.agent_loop_config.tools=[helpers.agents:add]",
+    )
+    engines = Engines(config)
+    group = {"group": 0, "data_source": "rlx/arith", "ground_truth": "9", "prompt_ids": prompt,
+             "prompt": json.dumps([{"role": "user", "content": "4 + 5?"}])}  # fmt: skip
+    rows = sample_groups(config, 1, engines, [group], seed=3)
+    row = rows[0]
+    assert row["response_ids"] == call + tool + answer
+    assert row["response_mask"] == [1] * len(call) + [0] * len(tool) + [1] * len(answer)
+    assert segments(row["response_ids"], row["response_mask"]) == [(1, call), (0, tool), (1, answer)]  # Run.turns
+    tokenizer = engines.tokenizer
+    context = prompt + call
+    assert (
+        tokenizer.encode(tokenizer.decode(context), add_special_tokens=False) != context
+    )  # re-tokenizing would change it
+    assert [p is None for p in row["rollout_logprobs"]] == [m == 0 for m in row["response_mask"]]
+    assert (row["turns"], row["finish_reason"], row["final_text"]) == (2, "stop", "#### 9")
+    calls = json.loads(row["tool_calls"])
+    assert [(c["tool"], json.loads(c["arguments"]), c["result"], c["error"]) for c in calls] == [
+        ("add", {"a": 4, "b": 5}, "9", None)
+    ]
+    batch = TokenBatch.from_ids([prompt], [row["response_ids"]], tokenizer.pad_token_id, [row["response_mask"]])
+    trained, _ = token_logprobs(engines.policy(0), batch)
+    scored = trained[batch.mask > 0]
+    sampled = torch.tensor([p for p in row["rollout_logprobs"] if p is not None])
+    assert torch.allclose(scored, sampled, atol=1e-4)
+    assert [j["reward"] for j in judge_rollouts(config, Panel(config.judger_config), rows)] == [1.0, 1.0]
+    assert tool_use(rows, "agent") == {
+        "agent/turns/mean": 2.0, "agent/tool_calls": 2, "agent/tool_call_frac": 1.0, "agent/tool_errors": 0,
+        "agent/tool_timeouts": 0, "agent/max_turns_frac": 0.0,
+    }  # fmt: skip
+
+
+def test_the_calculator_computes_exactly_and_runs_no_code():
+    from rlx.tasks.calculator import calculator, expression
+
+    assert [calculator(e) for e in ("4821 + 3977", "(12 - 4.5) / 3", "10 / 4 * 2", "1 / 3")] == [
+        "8798",
+        "2.5",
+        "5",
+        "0.3333333333",
+    ]
+    for bad in ("2 ** 3", "__import__('os')", "x"):
+        with pytest.raises(ValueError, match="only numbers"):
+            calculator(bad)
+    assert expression("5 + 3 = 8\n8 * 2 = 16\n#### 16") == "(5 + 3) * 2"
