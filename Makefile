@@ -60,8 +60,10 @@ gpu-bundle: $(STAMP)
 	rm -rf .gpu-bundle-test .gpu-bundle-test-device
 	$(PYTHON312) scripts/gpu_bundle.py check .gpu-bundle $(CURDIR)/.gpu-bundle-test
 
-# On the GPU machine: scripts/gpu_check.sh (LMDeploy vs transformers tokens/s, weight sync after a bf16
-# update, 5 `rlx fit` steps with LMDeploy and bf16 ZeRO-2), its JSON in $$RLX_GPU_REPORT. Where LMDeploy
-# is not installed, it installs .gpu-bundle/ first (make gpu-bundle here, then carry the folder).
+# On the GPU machine: scripts/gpu_check.sh (rlx's rollout against LMDeploy's own batch inference, weight
+# sync after a bf16 update, the engine-settings and training-MFU sweeps, 3 `rlx fit` steps with LMDeploy and
+# bf16 ZeRO-2 and their time by part), under 9 minutes, its JSON in $$RLX_GPU_REPORT (default
+# tests/gpu/gpu_check_<date>.json). Where LMDeploy is not installed, it installs .gpu-bundle/ first (make
+# gpu-bundle here, then carry the folder).
 gpu-check:
 	scripts/gpu_check.sh

@@ -108,6 +108,10 @@ def test_each_step_records_the_policy_that_generated_it(finished):
         lock = yaml.safe_load(gzip.decompress(layout.step(step).lock.read_bytes()))["stages"]["rollout"]
         assert f"runs/demo/step-{policy}/fingerprint.json" in {dep["path"] for dep in lock["deps"]}
     assert all(tracked[step]["time/rollout workers"] > 0 for step in (1, 2))  # step 3 makes none ahead
+    for step in range(1, STEPS + 1):  # rollouts overlapping in a thread are not parts; the wait for them is
+        parts = {name: value for name, value in tracked[step].items() if name.startswith("time/step/")}
+        assert sum(parts.values()) == pytest.approx(tracked[step]["time/step"])
+        assert 0 <= parts["time/step/other"] <= 0.05 * tracked[step]["time/step"], parts
     assert "correction/weight_mean" in tracked[STEPS]
     numbers = read_rows(layout.step(STEPS).update)  # the weights made in the loss's forward, no separate pass
     assert {n["old_logprob_source"] for n in numbers} == {"loss forward"} and numbers[0]["is_weight_mean"] > 0

@@ -111,3 +111,13 @@ def test_the_release_behaves_as_the_backend_assumes(release, module, name, check
     source = lmdeploy_source.function_source(release, module, name)
     assert source is not None, f"{module}.{name} is not in the release"
     assert check(source), f"{module}.{name} no longer shows that {why}"
+
+
+def test_the_engine_settings_the_gpu_check_sweeps_are_fields_of_the_releases_engine_config(release):
+    """The GPU check restarts the engine with each setting of tests/helpers/engine_pace.ENGINE_SWEEP, passed
+    through ``extra_engine_args`` as they are: a name 0.18.0's PytorchEngineConfig lacks would fail there."""
+    from helpers.engine_pace import ENGINE_SWEEP
+
+    fields = lmdeploy_source.fields(lmdeploy_source.definition(release, "lmdeploy", "PytorchEngineConfig"))
+    swept = {name for setting in ENGINE_SWEEP.values() for name in setting.get("extra_engine_args", {})}
+    assert swept and swept <= set(fields), sorted(swept - set(fields))

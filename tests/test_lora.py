@@ -5,6 +5,7 @@ plus the adapter, and a run's checkpoints hold the adapter alone."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,51 @@ def test_an_inference_engine_gets_the_merged_weights_by_the_base_models_names(tr
         sent["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
     )
     assert any(".lora_A." in name for name, _ in trainer.module.named_parameters())  # still an adapter
+
+
+def test_the_updates_mfu_counts_real_tokens_and_no_gradient_for_the_frozen_base(trained):
+    """``perf/mfu/*`` (rlx.stages.train.utilisation) of a LoRA update: the rows of the micro-batches that
+    count (not a repeat that only keeps the ranks in step), at their real lengths, without the base's
+    weight gradients; a no-grad pass of the reference before it under a KL loss, none otherwise."""
+    from rlx.stages.train import Scored, utilisation
+    from rlx.training.flops import ModelShape, forward_flops, training_flops
+    from rlx.training.microbatch import Micro
+
+    trainer, *_ = trained
+    batch = a_batch()
+    rollouts = [{"prompt_len": 6, "response_len": length} for length in (5, 3, 4)]
+    micros = [Micro(indices, batch, None, batch.mask, None, 1.0, 12, weight) for indices, weight in
+              [([0, 1], 1.0), ([2], 1.0), ([0], 0.0)]]  # fmt: skip
+    timings = {"time/train/forward_backward": 2.0, "time/train/old_logprob": 0.5}
+    scored = Scored(rollouts, [micros], None, None, None, {}, timings)
+    shape, sequences = trainer.model_shape, [(11, 5), (9, 3), (10, 4)]
+    assert shape == ModelShape.of(trainer.module.get_base_model().config)
+    kl_loss = rlx_config.load(None, ["train_worker_cfg.loss_cfg.use_kl_loss=true"])
+    assert utilisation(kl_loss, scored, trainer, peak=1e9) == {
+        "perf/mfu/forward_backward": training_flops(shape, sequences, weight_gradients=False) / 2e9,
+        "perf/mfu/old_logprob": forward_flops(shape, sequences) / 0.5e9,
+    }
+    assert list(utilisation(rlx_config.load(None, []), scored, trainer, peak=1e9)) == ["perf/mfu/forward_backward"]
+    assert utilisation(kl_loss, scored, trainer, peak=None) == {}  # a CPU, or training not in bf16
+
+
+def test_the_gpu_checks_training_sweep_measures_each_setting_and_puts_the_model_back(trained):
+    """The GPU check's training sweep (tests/helpers/train_pace), on CPU with the LoRA trainer: every kind of
+    setting runs, reports its micro-batches and MFU, and leaves the model as it found it."""
+    from helpers import train_pace
+
+    trainer, *_ = trained
+    model, rollouts = trainer.module, train_pace.synthetic_rollouts(6, 5, vocab=60)
+    settings = [{"pack": 1}, {"logits_to_keep": False}, {"checkpointing": True}, {"attention": "eager"}]
+    reports = [train_pace.measure(trainer, rollouts, 0, setting, peak=1e9) for setting in settings]
+    assert [r["micro_batches"] for r in reports] == [6, 1, 1, 1] and all(r["mfu_forward_backward"] > 0 for r in reports)
+    assert all(
+        r["mfu_old_logprob"] > 0 and r["tokens"] == sum(len(x["prompt_ids"]) + 5 for x in rollouts) for r in reports
+    )
+    assert model.config._attn_implementation == "sdpa" and not model.is_gradient_checkpointing
+    if importlib.util.find_spec("flash_attn") is None:
+        flash = train_pace.measure(trainer, rollouts, 0, {"attention": "flash_attention_2"}, 1e9)
+        assert flash["skipped"] == "flash_attn is not installed"
 
 
 @pytest.mark.parametrize("zero_stage", [1, 2])

@@ -43,6 +43,12 @@ def test_fit_trains_logs_every_step_and_leaves_dvc_clean(finished):
     records = read_tracker(project / "runs" / "logs" / "tracker.jsonl")  # log_dir
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert all("response/rewards/mean" in r and "train/loss" in r and "time/dvc" in r for r in records[1:])
+    for metrics in history:  # the step's parts (rlx.clock) add up to it, none counted twice, little left out
+        parts = {name: seconds for name, seconds in metrics.items() if name.startswith("time/step/")}
+        named = ("rollout", "old_logprob", "update", "checkpoint", "record", "evaluate", "other")
+        assert {f"time/step/{name}" for name in named} <= set(parts)
+        assert sum(parts.values()) == pytest.approx(metrics["time/step"])
+        assert 0 <= parts["time/step/other"] <= 0.05 * metrics["time/step"], parts
     assert {r["step"] for r in records if "eval/accuracy" in r} == {0, 2, 3}
     finer = {"time/prepare/cpu", "time/train/cpu", "time/train/forward", "time/train/backward"}  # debug
     assert all(finer <= set(r) for r in records[1:])

@@ -248,3 +248,31 @@ def test_lmdeploy_agent_rollouts_go_on_each_by_itself_from_the_ids_so_far(stand_
     started = {tuple(ids): when for when, ids in stand_in.REQUESTS}
     second = {name: started[tuple(rollouts[name][0] + turns[name][0] + turns[name][1])] for name in rollouts}
     assert second["fast"] < second["slow"] - 0.3  # the fast rollout's next turn did not wait for the slow tool
+
+
+def test_the_gpu_checks_lmdeploy_reference_is_its_own_batch_inference_of_the_same_requests(stand_in, small):
+    """The GPU check's reference (tests/helpers/engine_pace): LMDeploy's ``Pipeline.infer`` on the engine rlx
+    started, given each prompt as text, which it encodes back to the same ids, and rlx's config for each
+    request: it generates what rlx's sampler generates."""
+    from helpers import engine_pace
+
+    folder, tokenizer = small
+    sampler = lmdeploy_sampler(folder, tokenizer, **{k: v for k, v in engine_pace.BASE.items() if k != "backend"})
+    report = engine_pace.pace(sampler, prompts(tokenizer, 5), SampleParams(max_tokens=6, min_tokens=6), seed=3)
+    assert report["generated_tokens"] == {"rlx": 30, "lmdeploy": 30} and report["same_responses"] == 1.0
+    assert report["prompt_tokens"]["lmdeploy"] == report["prompt_tokens"]["rlx"] > 0
+    assert report["rlx_over_lmdeploy"] > 0 and report["lmdeploy_pipeline_without_logprobs_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("setting", ["eager_mode", "max_prefill_token_num_16384", "max_batch_size_512",
+                                     "cache_max_entry_count_0.8"])  # fmt: skip
+def test_each_lmdeploy_engine_setting_the_gpu_check_sweeps_reaches_the_engine_config(stand_in, setting):
+    from helpers import engine_pace
+    from rlx.samplers.lmdeploy_backend import engine_config
+
+    fields = engine_pace.ENGINE_SWEEP[setting]
+    made = engine_config(engine_pace.rollout_config(**fields))
+    wanted = {**fields.get("extra_engine_args", {}), "session_len": engine_pace.BASE["context_length"]}
+    wanted["max_batch_size"] = fields.get("rollout_max_batch_size", RolloutConfig().rollout_max_batch_size)
+    wanted["cache_max_entry_count"] = fields.get("gpu_memory_utilization", engine_pace.BASE["gpu_memory_utilization"])
+    assert {name: getattr(made, name) for name in wanted} == wanted

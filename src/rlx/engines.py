@@ -17,7 +17,7 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-from rlx import seeds
+from rlx import clock, seeds
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
 from rlx.lineage.fingerprint import fingerprint, first_difference, parameter_names
@@ -102,7 +102,8 @@ class Engines:
         if self.rollout_workers is None:
             return self.sampler(step)
         if self.rollout_workers.held != step:
-            self.rollout_workers.hold(step, self.policy_to_send(step))
+            with clock.part("weight_sync"):
+                self.rollout_workers.hold(step, self.policy_to_send(step))
         return self.rollout_workers.sampler(step)
 
     def policy_to_send(self, step: int):
@@ -136,7 +137,9 @@ class Engines:
             folder = self.layout.step(saved[-1]).policy if saved else self.base
             self._lmdeploy, self._lmdeploy_step = self.sampler_at(folder), saved[-1] if saved else 0
         if self._lmdeploy_step != step:
-            self._lmdeploy.load_weights(lora.full_weights(self.policy(step)))  # a LoRA policy merged
+            policy = lora.full_weights(self.policy(step))  # a LoRA policy merged
+            with clock.part("weight_sync"):
+                self._lmdeploy.load_weights(policy)
         self._lmdeploy_step = step
         return self._lmdeploy
 
@@ -233,7 +236,8 @@ class Engines:
     def make_room_for_training(self) -> None:
         """An LMDeploy engine sleeps while the trainer works, so the two do not compete for GPU memory."""
         if self._lmdeploy is not None:
-            self._lmdeploy.sleep()
+            with clock.part("weight_sync"):  # the first half of LMDeploy's weight update
+                self._lmdeploy.sleep()
 
     def write_policy(self, step: int, folder: Path, mark: dict | None = None) -> Path:
         """Step ``step``'s policy as a HF folder (rlx.training.loading.save_policy), written where it is held."""

@@ -2,26 +2,38 @@
 
 Skipped where there is no GPU or no LMDeploy. The model is built on the spot (nothing is downloaded):
 Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, vocabulary 151936, tied
-embeddings) with random weights in bf16, and the demo's tokenizer. The report, printed and written
-to ``$RLX_GPU_REPORT`` (default ``gpu_check.json`` in pytest's temp folder), has three parts:
+embeddings, 494 M parameters) with random weights in bf16, and the demo's tokenizer. The report is
+written to ``$RLX_GPU_REPORT`` (default ``gpu_check.json`` in pytest's temp folder) after every test,
+so a part cut off by the script's time limit loses only its own figures. Its parts, in order:
 
-- ``host_copy``: GB/s of a checkpoint's host copy (``rlx.training.safe_checkpoint.to_host``, page-locked) against a
-  plain ``.cpu()``, 4 GiB of bf16, and again once the first copy is freed (torch keeps its page-locked blocks);
-- ``rollout``: tokens/s of LMDeploy's PyTorch engine and of the transformers backend on the same 512
-  prompts x 256 new tokens (every response runs to 256);
-- ``weight_sync``: one bf16 AdamW update, sent to the running engine; LMDeploy's log-probs of a fixed
+- ``host_copy``: GB/s of a checkpoint's host copy (``rlx.training.safe_checkpoint.to_host``, page-locked)
+  against a plain ``.cpu()``, 4 GiB of bf16, and again once the first copy is freed;
+- ``rollout`` (a): rlx's LMDeploy rollout against LMDeploy's own batch inference (``Pipeline.infer``) on
+  the same engine, prompts, sampling settings and seeds, 512 prompts x 256 new tokens: tokens/s of
+  each, rlx's as a share of LMDeploy's (target >= 0.9), and LMDeploy's without per-token log-probs
+  (tests/helpers/engine_pace);
+- ``weight_sync`` (b): one bf16 AdamW update, sent to the running engine; LMDeploy's log-probs of a fixed
   greedy batch against the trainer's before it (they must differ) and after it (they must agree);
-- ``lora_weight_sync``: the same for a LoRA policy (peft adapter, one update), sent as merged weights;
-- ``pipeline``: 5 `rlx fit` steps with LMDeploy rollouts and bf16 ZeRO-2, with each step's time
-  breakdown, peak GPU memory and ``perf/throughput`` as verl logs it (prompt plus response tokens of
-  the step, per second of the step, per GPU);
-- ``lora_pipeline``: 3 such steps training a rank-16 LoRA adapter, with its parameter and optimizer-state
-  counts.
+- ``engine_settings``: rlx's rollout of (a) again on a fresh engine per setting (``ENGINE_SWEEP``:
+  no CUDA graphs, a larger prefill, max_batch_size 512, a larger KV cache), as a share of (a)'s;
+- ``training_mfu``: one bf16 ZeRO-2 trainer, 256 rollouts of 20-40 + 256 tokens, the update's forward and
+  backward and the old log-probs' forward as MFU under each setting (tests/helpers/train_pace: packing
+  budget and so micro-batch count, attention implementation, activation checkpointing, logits_to_keep);
+- ``pipeline`` (d): 3 `rlx fit` steps with LMDeploy rollouts and bf16 ZeRO-2, each step's time split into
+  its parts (``time/step/*``, with ``other``, the share no part measured), MFU, peak GPU memory and
+  ``perf/throughput`` as verl logs it (prompt plus response tokens of the step, per second, per GPU).
+
+The two sweeps start a setting only while the check is within its budget (``SWEEP_STARTS_BY``,
+``TRAINING_STARTS_BY`` seconds in), so that (d) always runs within the script's 9 minutes; a setting left
+out is reported as skipped. Not run by default (``scripts/gpu_check.sh`` deselects "lora"; run them
+with ``RLX_GPU_CHECK_SELECT=lora``): the same weight sync for a LoRA policy sent as merged weights, and
+3 `rlx fit` steps training a rank-16 LoRA adapter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import json
 import os
@@ -32,12 +44,13 @@ import pytest
 import torch
 
 from conftest import make_project
+from helpers import engine_pace, train_pace
 from rlx import config
 from rlx.algo.correction import mismatch_metrics
-from rlx.config import RolloutConfig, SampleParams
-from rlx.samplers import TransformersSampler
+from rlx.config import SampleParams
 from rlx.store.layout import RunLayout
 from rlx.tasks.data import prompt_ids
+from rlx.training.flops import device_peak
 from rlx.training.loading import load_policy
 from rlx.training.trainer import TokenBatch, token_logprobs
 
@@ -47,27 +60,39 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("lmdeploy") is None, reason="needs the gpu extra (LMDeploy)"),
 ]
 
-REPORT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+STARTED = time.monotonic()
+SWEEP_STARTS_BY, TRAINING_STARTS_BY = 240, 330  # seconds into the check; (d) needs about 150 after
+REPORT: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "elapsed_s": {}}
 QWEN25_05B = dict(
     hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
     vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
 )  # fmt: skip
-ENGINE: dict = {}  # the LMDeploy sampler the first two parts share (one engine start)
+HELD: dict = {}  # what parts share: the LMDeploy sampler of (a)-(c) (one engine start), the sweep's trainer
 
 
 @pytest.fixture(autouse=True)
-def report(tmp_path_factory):
-    """The report so far, written after every part: a part that hangs past the script's limit loses
+def report(request, tmp_path_factory):
+    """The report so far, written after every test: a part that hangs past the script's limit loses
     only its own figures."""
     yield REPORT
+    REPORT["elapsed_s"][request.node.name] = time.monotonic() - STARTED
     path = Path(os.environ.get("RLX_GPU_REPORT", tmp_path_factory.getbasetemp() / "gpu_check.json"))
     path.write_text(json.dumps(REPORT, indent=2) + "\n")
-    print(f"\nGPU check report ({path}):\n{json.dumps(REPORT, indent=2)}")
+    print(f"\nGPU check report ({path}), after {request.node.name}")
+
+
+def within_budget(limit: float, part: str, name: str) -> None:
+    """Skip (and report) a sweep's setting that would start past ``limit`` seconds into the check."""
+    elapsed = time.monotonic() - STARTED
+    if elapsed > limit:
+        REPORT.setdefault(part, {})[name] = {"skipped": f"{elapsed:.0f} s into the check, past its {limit} s budget"}
+        pytest.skip(REPORT[part][name]["skipped"])
 
 
 @pytest.fixture(scope="module")
 def qwen_shaped(untrained_model, tmp_path_factory):
-    """The demo's data and tokenizer with a random Qwen2.5-0.5B-shaped model in bf16, as ``tiny_model`` gives them."""
+    """The demo's data and tokenizer with a random Qwen2.5-0.5B-shaped model in bf16, as ``tiny_model`` gives
+    them; its random weights drawn on the GPU (seconds, where the CPU takes tens)."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     cfg, metrics = untrained_model
@@ -75,8 +100,12 @@ def qwen_shaped(untrained_model, tmp_path_factory):
     torch.manual_seed(0)
     config = Qwen2Config(**QWEN25_05B, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     folder = tmp_path_factory.mktemp("qwen2.5-0.5b-shaped")
-    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
+    del model
+    torch.cuda.empty_cache()
     shaped = cfg.model_copy(update={"tiny_model": cfg.tiny_model.model_copy(update={"output_dir": folder})})
     return shaped, metrics, tokenizer
 
@@ -84,28 +113,33 @@ def qwen_shaped(untrained_model, tmp_path_factory):
 def lmdeploy_sampler(folder, tokenizer):
     from rlx.samplers.lmdeploy_backend import LMDeploySampler
 
-    if "sampler" not in ENGINE:
-        config = RolloutConfig(backend="lmdeploy", gpu_memory_utilization=0.4, context_length=1024)
-        ENGINE["sampler"] = LMDeploySampler(folder, tokenizer, config)
-    return ENGINE["sampler"]
+    if "sampler" not in HELD:
+        HELD["sampler"] = LMDeploySampler(folder, tokenizer, engine_pace.rollout_config())
+    return HELD["sampler"]
 
 
-def close_engine() -> None:
-    """Give the GPU back before the pipeline starts its own engine."""
-    sampler = ENGINE.pop("sampler", None)
-    if sampler is not None:
-        sampler.sleep()
-        sampler.pipe.close()
+def closed(sampler) -> None:
+    sampler.sleep()
+    sampler.pipe.close()
     torch.cuda.empty_cache()
 
 
-def tokens_per_second(sampler, prompts, params) -> float:
-    sampler.generate(prompts[:8], params, seed=0)  # warm-up: kernels, caches, CUDA graphs
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    outputs = sampler.generate(prompts, params, seed=1)
-    torch.cuda.synchronize()
-    return sum(len(out.response_ids) for out in outputs) / (time.perf_counter() - started)
+def close_engine() -> None:
+    sampler = HELD.pop("sampler", None)
+    if sampler is not None:
+        closed(sampler)
+
+
+def release_gpu() -> None:
+    """Give the GPU back (the shared engine, the sweep's trainer) before a part starts its own."""
+    close_engine()
+    trainer = HELD.pop("trainer", None)
+    if trainer is not None:
+        trainer.engine.destroy()
+        del trainer
+        gc.collect()
+        torch.cuda.empty_cache()
+        REPORT["gpu_memory_allocated_after_release_gib"] = torch.cuda.memory_allocated() / 2**30
 
 
 def questions(tokenizer, count: int) -> list[list[int]]:
@@ -134,25 +168,16 @@ def test_host_copies_are_page_locked_exact_and_faster():
     assert again > pageable
 
 
-def test_rollout_tokens_per_second_lmdeploy_and_transformers(qwen_shaped):
+def test_rollout_against_lmdeploys_own_batch_inference(qwen_shaped):
+    """(a): rlx's rollout and LMDeploy's ``Pipeline.infer`` on one engine, the same requests."""
     cfg, _, tokenizer = qwen_shaped
-    folder = cfg.tiny_model.output_dir
-    prompts, params = questions(tokenizer, 512), SampleParams(max_tokens=256, min_tokens=256, temperature=1.0)
-    # The transformers backend keeps every step's logits (151936 wide): 64 sequences a batch fit in memory.
-    hf_config = RolloutConfig(backend="transformers", rollout_max_batch_size=64, dtype="bfloat16")
-    hf = TransformersSampler(load_policy(folder, "bfloat16"), tokenizer, hf_config)
-    hf_rate = tokens_per_second(hf, prompts, params)
-    del hf
-    torch.cuda.empty_cache()
-    fast = tokens_per_second(lmdeploy_sampler(folder, tokenizer), prompts, params)
-    REPORT["rollout"] = {
-        "prompts": len(prompts),
-        "new_tokens": 256,
-        "transformers_batch": 64,
-        "transformers_tokens_per_s": hf_rate,
-        "lmdeploy_tokens_per_s": fast,
-        "ratio": fast / hf_rate,
-    }
+    sampler, start_s = engine_pace.timed(lambda: lmdeploy_sampler(cfg.tiny_model.output_dir, tokenizer))
+    prompts, params = questions(tokenizer, engine_pace.PROMPTS), engine_pace.sampling()
+    sampler.generate(prompts[:8], params, seed=0)  # warm-up: kernels, caches
+    REPORT["rollout"] = {"engine": engine_pace.BASE, "engine_start_s": start_s, "new_tokens": engine_pace.NEW_TOKENS}
+    REPORT["rollout"].update(engine_pace.pace(sampler, prompts, params, seed=1))
+    REPORT["rollout"]["target_met"] = REPORT["rollout"]["rlx_over_lmdeploy"] >= 0.9
+    assert REPORT["rollout"]["generated_tokens"]["rlx"] == engine_pace.PROMPTS * engine_pace.NEW_TOKENS
 
 
 def on_the_mask(generations, like: torch.Tensor) -> torch.Tensor:
@@ -229,6 +254,58 @@ def test_a_lora_policy_syncs_as_merged_weights(qwen_shaped):
     assert synced["mismatch/k3_kl"] < 1e-2
 
 
+@pytest.mark.parametrize("setting", list(engine_pace.ENGINE_SWEEP))
+def test_rollout_under_each_engine_setting(qwen_shaped, setting):
+    """rlx's rollout of (a) on a fresh engine with one setting changed (LMDeploy reads its engine config
+    once, when it starts: a restart per setting, in this process)."""
+    from rlx.samplers.lmdeploy_backend import LMDeploySampler
+
+    within_budget(SWEEP_STARTS_BY, "engine_settings", setting)
+    release_gpu()
+    cfg, _, tokenizer = qwen_shaped
+    fields = engine_pace.ENGINE_SWEEP[setting]
+    make = lambda: LMDeploySampler(cfg.tiny_model.output_dir, tokenizer, engine_pace.rollout_config(**fields))  # noqa: E731
+    sampler, start_s = engine_pace.timed(make)
+    try:
+        prompts, params = questions(tokenizer, engine_pace.PROMPTS), engine_pace.sampling()
+        sampler.generate(prompts[:8], params, seed=0)
+        outputs, seconds = engine_pace.timed(lambda: sampler.generate(prompts, params, seed=1))
+    finally:
+        closed(sampler)
+    rate = sum(len(out.response_ids) for out in outputs) / seconds
+    default = REPORT.get("rollout", {}).get("rlx_tokens_per_s")
+    REPORT.setdefault("engine_settings", {})[setting] = {
+        "fields": fields,
+        "engine_start_s": start_s,
+        "rlx_tokens_per_s": rate,
+        "over_default_engine": rate / default if default else None,
+    }
+
+
+@pytest.mark.parametrize("setting", list(train_pace.SETTINGS))
+def test_training_mfu_under_each_setting(qwen_shaped, setting):
+    """One bf16 ZeRO-2 trainer (made once), the same 256 rollouts, one setting changed at a time."""
+    from rlx.training.trainer import PolicyTrainer
+
+    within_budget(TRAINING_STARTS_BY, "training_mfu", setting)
+    close_engine()
+    cfg, _, tokenizer = qwen_shaped
+    folder = cfg.tiny_model.output_dir
+    if "trainer" not in HELD:
+        gpu = ["resources.accelerator=GPU", "train_worker_cfg.deepspeed.precision=bf16"]
+        worker = config.load(None, [*gpu, "train_worker_cfg.deepspeed.zero_stage=2"]).train_worker_cfg
+        HELD["trainer"], seconds = engine_pace.timed(lambda: PolicyTrainer(worker, folder, folder / "no-state", 100))
+        HELD["rollouts"] = train_pace.synthetic_rollouts(256, engine_pace.NEW_TOKENS, vocab=len(tokenizer))
+        REPORT.setdefault("training_mfu", {})["trainer_start_s"] = seconds
+    trainer = HELD["trainer"]
+    peak = device_peak(trainer.module.device)
+    REPORT["training_mfu"]["peak_flops"] = peak
+    measured = train_pace.measure(
+        trainer, HELD["rollouts"], tokenizer.pad_token_id, train_pace.SETTINGS[setting], peak or float("nan")
+    )
+    REPORT["training_mfu"][setting] = measured
+
+
 def verl_throughput(layout: RunLayout, step: int, seconds: float) -> float:
     """verl's ``perf/throughput``: the step's prompt plus response tokens / step time / GPUs (one here)."""
     import pyarrow.parquet as pq
@@ -250,13 +327,14 @@ PIPELINE = [
     "wandb.mode=disabled",
 ]
 STEP_KEYS = ("time/", "perf/", "mismatch/", "train/trainable_params", "train/optimizer_state_bytes", "checkpoint/")
+SHOWN = ("rollout", "weight_sync", "old_logprob", "update", "checkpoint", "record", "other")  # of time/step/*
 
 
 def fit_on_gpu(tmp_path, qwen_shaped, overrides: list[str]) -> dict:
     """`rlx fit` of the demo project with the Qwen2.5-0.5B-shaped model: each step's times and sizes."""
     from rlx.run.fit import fit
 
-    close_engine()
+    release_gpu()
     cfg, metrics, _ = qwen_shaped
     project = make_project(tmp_path, (cfg, metrics))
     torch.cuda.reset_peak_memory_stats()
@@ -276,9 +354,32 @@ def fit_on_gpu(tmp_path, qwen_shaped, overrides: list[str]) -> dict:
     }
 
 
-def test_five_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):
-    REPORT["pipeline"] = fit_on_gpu(tmp_path, qwen_shaped, [*PIPELINE, "rollout_steps=5"])
-    assert len(REPORT["pipeline"]["steps"]) == 5
+def breakdown_table(steps: list[dict]) -> str:
+    """Each step's seconds by part (the other named parts of time/step/* summed as "rest"), other's share, throughput."""
+    rows = ["step  total  " + "  ".join(SHOWN) + "  rest(named)  other%  tokens/s/GPU  MFU(fwd+bwd)"]
+    for number, m in enumerate(steps, start=1):
+        parts = {k.removeprefix("time/step/"): v for k, v in m.items() if k.startswith("time/step/")}
+        rest = sum(v for k, v in parts.items() if k not in SHOWN)
+        shown = "  ".join(f"{parts.get(name, 0.0):.2f}" for name in SHOWN)
+        mfu = m.get("perf/mfu/forward_backward", float("nan"))
+        share = 100 * parts["other"] / m["time/step"]
+        rows.append(
+            f"{number}  {m['time/step']:.2f}  {shown}  {rest:.2f}  {share:.1f}  {m['perf/throughput']:.0f}  {mfu:.3f}"
+        )
+    return "\n".join(rows)
+
+
+def test_three_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):
+    """(d): 3 `rlx fit` steps (checkpoints at 2, in the background, and at 3, the last), where each step's
+    time went; what no part measured ("other") should stay under 5 % of a step."""
+    REPORT["pipeline"] = fit_on_gpu(tmp_path, qwen_shaped, [*PIPELINE, "rollout_steps=3"])
+    steps = REPORT["pipeline"]["steps"]
+    print("\n" + breakdown_table(steps))
+    assert len(steps) == 3
+    assert all(
+        sum(v for k, v in m.items() if k.startswith("time/step/")) == pytest.approx(m["time/step"]) for m in steps
+    )
+    assert device_peak(torch.device("cuda")) is None or all("perf/mfu/forward_backward" in m for m in steps)
 
 
 def test_three_lora_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):

@@ -22,8 +22,9 @@ import sys
 import threading
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -38,6 +39,8 @@ REAL = {
     "_EventLoopThread": "lmdeploy.pipeline",
     "AsyncEngine": "lmdeploy.serve.core.async_engine",
     "GenOut": "lmdeploy.serve.core.async_engine",
+    "Response": "lmdeploy.messages",
+    "Tokenizer": "lmdeploy.tokenizer",
     "PreprocessedRequest": "lmdeploy.serve.core.async_engine",
     "Session": "lmdeploy.serve.managers.session_manager",
     "SessionManager": "lmdeploy.serve.managers.session_manager",
@@ -86,7 +89,9 @@ class PytorchEngineConfig:
     session_len: int = None
     max_batch_size: int = None
     cache_max_entry_count: float = 0.8
+    max_prefill_token_num: int = 8192
     enable_prefix_caching: bool = False
+    eager_mode: bool = False
     empty_init: bool = False
     logprobs_mode: str = None
 
@@ -111,6 +116,27 @@ class UpdateParamsRequest(BaseModel):
     finished: bool = False
 
 
+@dataclass
+class Response:
+    text: str
+    generate_token_len: int
+    input_token_len: int
+    finish_reason: Literal["stop", "length", "error", "abort"] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = None
+    index: int = 0
+
+    def extend(self, other: Response) -> Response:
+        """0.18's merge of a response's pieces: text, ids and log-probs appended, the rest the later piece's."""
+        self.text += other.text
+        self.generate_token_len, self.input_token_len = other.generate_token_len, other.input_token_len
+        self.finish_reason, self.index = other.finish_reason, other.index
+        self.token_ids += other.token_ids or []
+        if other.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + other.logprobs
+        return self
+
+
 @dataclasses.dataclass
 class GenOut:
     response: str
@@ -119,6 +145,25 @@ class GenOut:
     finish_reason: Literal["stop", "length", "error", "abort"] | None = None
     token_ids: list[int] | None = None
     logprobs: list[dict[int, float]] | None = None
+
+    def to_response(self, index: int = 0) -> Response:
+        return Response(
+            self.response, self.generate_token_len, self.input_token_len, self.finish_reason,
+            list(self.token_ids or []), self.logprobs, index,
+        )  # fmt: skip
+
+
+class Tokenizer:
+    """0.18's tokenizer of a model folder: the folder's HF tokenizer, whose special tokens it adds."""
+
+    def __init__(self, model_path: str, trust_remote_code: bool = False):
+        from transformers import AutoTokenizer
+
+        self.model = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+
+    def encode(self, s: str, add_bos: bool = True, add_special_tokens: bool = True, **kwargs):
+        encoded = self.model.encode(s, add_special_tokens=add_special_tokens, **kwargs)
+        return encoded[1:] if not add_bos and encoded[:1] == [self.model.bos_token_id] else encoded
 
 
 @dataclasses.dataclass(slots=True)
@@ -210,7 +255,8 @@ class Engine:
 
 
 class AsyncEngine:
-    def __init__(self, backend: Literal["turbomind", "pytorch"] = "turbomind", backend_config=None):
+    def __init__(self, model_path: str, backend: Literal["turbomind", "pytorch"] = "turbomind", backend_config=None):
+        self.tokenizer = Tokenizer(model_path) if (Path(model_path) / "tokenizer_config.json").is_file() else None
         self.engine = Engine()
         self.backend = backend
         self.backend_config = backend_config
@@ -256,6 +302,10 @@ class AsyncEngine:
             raise ValueError("You must specify exactly one of messages or input_ids.")
         if not isinstance(session_id, Session):
             raise TypeError("the stand-in takes a Session")
+        if messages is not None:  # text: with do_preprocess=False, 0.18 encodes it as it is (BOS and all)
+            if do_preprocess or not isinstance(messages, str):
+                raise NotImplementedError("the stand-in has no chat template: text with do_preprocess=False only")
+            input_ids = self.tokenizer.encode(messages, add_bos=True)
         config = dataclasses.replace(gen_config or GenerationConfig())
         return PreprocessedRequest(session_id, {"input_ids": input_ids}, len(input_ids), config, adapter_name)
 
@@ -320,10 +370,40 @@ class Pipeline:
         **kwargs,
     ):
         backend = "turbomind" if isinstance(backend_config, TurbomindEngineConfig) else "pytorch"
-        self.async_engine = AsyncEngine(backend, backend_config)
+        self.async_engine = AsyncEngine(model_path, backend, backend_config)
         self.internal_thread = _EventLoopThread(daemon=True)
         self.session_mgr = self.async_engine.session_mgr
         self._model_path = model_path
+
+    def infer(
+        self,
+        prompts: list[str] | str | list[dict] | list[list[dict]] | tuple | list[tuple],
+        gen_config: GenerationConfig | list[GenerationConfig] | None = None,
+        do_preprocess: bool = True,
+        adapter_name: str | None = None,
+        use_tqdm: bool = False,
+        **kwargs,
+    ):
+        """0.18's batch inference: every prompt a request of its own (with its own config when given a
+        list), all in flight at once, each response its pieces merged (``Response.extend``), in order."""
+        single = isinstance(prompts, str)
+        prompts = [prompts] if single else prompts
+        configs = gen_config if isinstance(gen_config, list) else [gen_config or GenerationConfig()] * len(prompts)
+        engine = self.async_engine
+
+        async def one(index: int, prompt, config: GenerationConfig) -> Response:
+            session = self.session_mgr.get()
+            request = await engine.preprocess(prompt, session, config, do_preprocess=do_preprocess, **kwargs)
+            response = None
+            async for out in engine.generate(request, stream_response=False):
+                response = response.extend(out.to_response(index)) if response else out.to_response(index)
+            return response
+
+        async def every() -> list[Response]:
+            return await asyncio.gather(*(one(i, p, c) for i, (p, c) in enumerate(zip(prompts, configs, strict=True))))
+
+        outputs = asyncio.run_coroutine_threadsafe(every(), self.internal_thread.loop).result()
+        return outputs[0] if single else outputs
 
     def close(self):
         self.internal_thread.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlx import clock
 from rlx.config import RLTrainerConfig, load
 from rlx.engines import Engines
 from rlx.errors import UserError
@@ -80,17 +81,32 @@ def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: in
             ahead = RolloutsAhead(config, engines, total)
             with contextlib.closing(ahead), recording(config, params, engines, total, finish) as records:
                 for step in steps:
-                    started = time.perf_counter()
-                    ahead.start(step)
-                    metrics = run_step(config, step, total, engines, records.checkpoints)
-                    metrics.update(ahead.wait())
-                    if engines.rollout_workers is not None:
-                        metrics.update(engines.rollout_workers.take_counters())
-                    metrics["time/step"] = time.perf_counter() - started
-                    records.hand_over(step, metrics)
+                    records.hand_over(step, clocked_step(config, step, total, engines, ahead, records.checkpoints))
         return finish.history
     finally:
         tracker.close()
+
+
+def clocked_step(
+    config: RLTrainerConfig,
+    step: int,
+    total: int,
+    engines: Engines,
+    ahead: RolloutsAhead,
+    checkpoints: BackgroundCheckpoints,
+) -> dict:
+    """One step: the rollouts it makes ahead, its stages; its metrics with ``time/step`` and where that
+    time went (``time/step/<part>``, rlx.clock; the wait for DVC's record is added when the step ends)."""
+    with clock.step() as parts:
+        started = time.perf_counter()
+        ahead.start(step)
+        metrics = run_step(config, step, total, engines, checkpoints)
+        with clock.part("rollout"):  # rollouts made in the background: what the step waits for them
+            metrics.update(ahead.wait())
+        if engines.rollout_workers is not None:
+            metrics.update(engines.rollout_workers.take_counters())
+        metrics["time/step"] = time.perf_counter() - started
+    return metrics | clock.breakdown(metrics["time/step"], parts)
 
 
 def run_step(config: RLTrainerConfig, step: int, total: int, engines: Engines, checkpoints: BackgroundCheckpoints):
@@ -105,7 +121,8 @@ def run_step(config: RLTrainerConfig, step: int, total: int, engines: Engines, c
             refresh_curves(name, config, step)
             metrics.update(read_json(layout.step(step).metrics(name)))
         elif name == "checkpoint" and written_in_background(config, step, total):
-            metrics.update(checkpoints.start(step))
+            with clock.part("checkpoint"):  # the host copy, and any wait for the previous write
+                metrics.update(checkpoints.start(step))
         else:
             metrics.update(run_stage(name, config, step, engines))
     metrics["time/replay"] = engines.replay_seconds

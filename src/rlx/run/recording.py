@@ -149,6 +149,7 @@ class Finisher:
             raise RuntimeError(f"the process recording step {step} in DVC died; rerun to resume") from error
         metrics["time/dvc"] = time.perf_counter() - waited  # what the step waited for DVC
         metrics["time/step"] += metrics["time/dvc"]
+        metrics["time/step/record"] = metrics.get("time/step/record", 0.0) + metrics["time/dvc"]
         metrics.update(read_json(self.layout.step(step).metrics("checkpoint")))
         if step in self.again:
             check_made_again(self.layout, step)

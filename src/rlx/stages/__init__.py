@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from rlx import seeds
+from rlx import clock, seeds
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError, first_line
 from rlx.store import faults
@@ -97,24 +97,26 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines, **given) -
     faults.point(f"{name}.start")
     if getattr(stage, "draws_random_numbers", True):  # not from a background thread, whose RNGs are the run's
         reseed(config, name, step)
-    started, cpu = time.perf_counter(), time.process_time()
+    cpu = time.process_time()
     try:
-        metrics = stage.run(config, step, paths, engines, **given)
+        with clock.part(name) as watch:
+            metrics = stage.run(config, step, paths, engines, **given)
     except FileNotFoundError as exc:  # e.g. `rlx stage train` before the step's rollouts exist
         raise UserError(
             f"stage {name} of step {step}: an input is missing ({first_line(exc)}); run the stages before it "
             "first (`dvc repro` runs them in order)"
         ) from None
-    metrics[f"time/{name}"] = time.perf_counter() - started
+    metrics[f"time/{name}"] = watch.seconds
     if config.debug:  # the process's CPU seconds, its other threads' (a checkpoint written meanwhile) included
         metrics[f"time/{name}/cpu"] = time.process_time() - cpu
         log.debug(
             "stage %s of step %d: %.2f s, %.2f CPU s", name, step, metrics[f"time/{name}"], metrics[f"time/{name}/cpu"]
         )
     faults.point(f"{name}.metrics")
-    record_outputs(name, paths)
-    write_json(metrics, paths.metrics(name), indent=None)
-    refresh_curves(name, config, step)
+    with clock.part("record"):
+        record_outputs(name, paths)
+        write_json(metrics, paths.metrics(name), indent=None)
+        refresh_curves(name, config, step)
     return metrics
 
 

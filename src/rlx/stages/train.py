@@ -14,13 +14,13 @@ an earlier checkpoint, and the fingerprints prove it did.
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
 import pyarrow as pa
 import torch
 
+from rlx import clock
 from rlx.algo import advantages as adv
 from rlx.algo import registry
 from rlx.algo.correction import mismatch_metrics, weight_metrics
@@ -34,12 +34,15 @@ from rlx.store import faults
 from rlx.store.artifacts import read_json, read_rows, write_json, write_rows
 from rlx.store.layout import RunLayout, StepPaths
 from rlx.training import distributed
+from rlx.training.flops import device_peak, forward_flops, mfu, training_flops
 from rlx.training.microbatch import (
     Micro,
     all_ranks,
     correction_weights,
     kl_in_reward,
     micro_loss,
+    model_tokens,
+    needs_reference,
     prepare_micro_batches,
     response_mask,
     reuses_old_logprobs,
@@ -88,9 +91,9 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     engines.make_room_for_training()
     metrics, numbers = update(config, paths, engines, trainer)
     check_weights(config, step, trainer)
-    started = time.perf_counter()
-    weights = trainer.fingerprint()
-    metrics["time/fingerprint"] = time.perf_counter() - started
+    with clock.part("fingerprint") as watch:
+        weights = trainer.fingerprint()
+    metrics["time/fingerprint"] = watch.seconds
     metrics["train/rank_weight_spread"] = trainer.rank_weight_spread(weights)
     metrics["train/trainable_params"] = trainer.trainable_parameters  # LoRA: the adapter's, a fraction of the model
     metrics["train/optimizer_state_bytes"] = trainer.optimizer_state_bytes()
@@ -146,6 +149,8 @@ def update(config: RLTrainerConfig, paths: StepPaths, engines, trainer) -> tuple
     Returns its metrics and, per response, the numbers it used (``update.parquet``)."""
     scored = score_batch(config, paths, engines, trainer)
     metrics = apply_updates(config, paths.number, scored.minis, trainer, scored.timings)
+    bf16 = config.train_worker_cfg.deepspeed.precision == "bf16"  # MFU is against the bf16 peak
+    metrics.update(utilisation(config, scored, trainer, device_peak(trainer.module.device) if bf16 else None))
     return report(config, scored, metrics)
 
 
@@ -153,9 +158,9 @@ def score_batch(config: RLTrainerConfig, paths: StepPaths, engines, trainer) -> 
     """The step's judged rollouts as micro-batches with old and reference log-probs, shaped rewards,
     advantages and (under rollout correction) importance weights."""
     rollouts, judged = read_rows(paths.checked(paths.rollouts)), read_rows(paths.checked(paths.judged))
-    started = time.perf_counter()
-    minis = prepare_micro_batches(config, rollouts, trainer, engines)
-    timings = {"time/train/old_logprob": time.perf_counter() - started}
+    with clock.part("old_logprob") as watch:
+        minis = prepare_micro_batches(config, rollouts, trainer, engines)
+    timings = {"time/train/old_logprob": watch.seconds}
     kl_coef = trainer.state.get("kl_coef", config.advantage_estimator_config.kl_ctrl.kl_coef)
     rewards, kl, extra, next_kl_coef = shaped_rewards(config, minis, judged, kl_coef)
     trainer.state["kl_coef"] = next_kl_coef  # the checkpoint keeps it: an adaptive coefficient goes on from there
@@ -190,6 +195,27 @@ def report(config: RLTrainerConfig, scored: Scored, metrics: dict) -> tuple[dict
     for row, rollout in zip(numbers, rollouts, strict=True):
         row["staleness"] = staleness(rollout)
     return metrics, numbers
+
+
+def utilisation(config: RLTrainerConfig, scored: Scored, trainer, peak: float | None) -> dict:
+    """``perf/mfu/forward_backward`` and, when the update scores the batch without gradients first (old
+    log-probs, the KL reference's), ``perf/mfu/old_logprob``: the model FLOPs of the update's real
+    tokens (rlx.training.flops: PaLM's count, no padding, no repeats that only keep ranks in step) over
+    what every rank's device, at ``peak`` FLOP/s, could do in this rank's time. None without a peak
+    (training not in bf16, or a device whose bf16 peak is unknown: a CPU)."""
+    if peak is None:
+        return {}
+    rows = [scored.rollouts[i] for micros in scored.minis for m in micros if m.weight for i in m.indices]
+    sequences = [(row["prompt_len"] + row["response_len"], model_tokens(row)) for row in rows]
+    passes = (not reuses_old_logprobs(config)) + needs_reference(config)
+    shape, trained = trainer.model_shape, not trainer.lora
+    done = [training_flops(shape, sequences, trained), passes * forward_flops(shape, sequences)]
+    update, scoring = distributed.sum_across(torch.tensor(done, dtype=torch.float64)).tolist()
+    devices, timings = distributed.world_size(), scored.timings
+    metrics = {"perf/mfu/forward_backward": mfu(update, timings["time/train/forward_backward"], peak, devices)}
+    if passes:
+        metrics["perf/mfu/old_logprob"] = mfu(scoring, timings["time/train/old_logprob"], peak, devices)
+    return metrics
 
 
 def correction_metrics(correction, kept: list[Micro], mask: torch.Tensor) -> dict:
@@ -236,19 +262,19 @@ def apply_updates(config: RLTrainerConfig, step: int, minis, trainer, timings: d
     skipped, applied_tokens = 0, 0
     timings.update({"time/train/forward_backward": 0.0, "time/train/optimizer": 0.0})
     for number, micros in enumerate(minis, start=1):
-        started = time.perf_counter()
         mini = defaultdict(float)
-        for micro in micros:
-            with timed(timings, "time/train/forward", config.debug):
-                loss, values = micro_loss(trainer, micro, loss_cfg, temperature, sampling.max_tokens)
-            with timed(timings, "time/train/backward", config.debug):
-                trainer.backward(loss * distributed.world_size())  # DeepSpeed averages gradients over ranks
-            for name, value in values.items():
-                mini[name] += value
-        timings["time/train/forward_backward"] += time.perf_counter() - started
-        started = time.perf_counter()
-        update = trainer.optimizer_step(mini["loss"])
-        timings["time/train/optimizer"] += time.perf_counter() - started
+        with clock.part("update") as watch:
+            for micro in micros:
+                with timed(timings, "time/train/forward", config.debug):
+                    loss, values = micro_loss(trainer, micro, loss_cfg, temperature, sampling.max_tokens)
+                with timed(timings, "time/train/backward", config.debug):
+                    trainer.backward(loss * distributed.world_size())  # DeepSpeed averages gradients over ranks
+                for name, value in values.items():
+                    mini[name] += value
+        timings["time/train/forward_backward"] += watch.seconds
+        with clock.part("update") as watch:
+            update = trainer.optimizer_step(mini["loss"])
+        timings["time/train/optimizer"] += watch.seconds
         log.debug("step %d, mini-batch %d of %d: %d micro-batches, loss %.4g, %s", step, number, len(minis),
                   len(micros), mini["loss"], update)  # fmt: skip
         in_a_row = trainer.state.get("nonfinite_in_a_row", 0) + 1 if update.pop("skipped") else 0

@@ -115,6 +115,11 @@ def reuses_old_logprobs(config: RLTrainerConfig) -> bool:
     return worker.optimizer_steps == 1 and not config.advantage_estimator_config.use_kl_in_reward
 
 
+def needs_reference(config: RLTrainerConfig) -> bool:
+    """Whether the update scores the batch with the KL reference too (a KL loss, or KL in the reward)."""
+    return config.train_worker_cfg.loss_cfg.use_kl_loss or config.advantage_estimator_config.use_kl_in_reward
+
+
 def correction_weights(correction: RolloutCorrectionConfig, micro: Micro) -> torch.Tensor | None:
     """The micro-batch's importance weights under rollout correction (rlx.algo.correction), or None."""
     if not correction.enabled:
@@ -135,7 +140,7 @@ def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer
     log-probs computed before any update, and each mini-batch's token count over all ranks."""
     worker, loss_cfg = config.train_worker_cfg, config.train_worker_cfg.loss_cfg
     temperature = config.dataflow_config.sample_params.temperature or 1.0
-    needs_reference = loss_cfg.use_kl_loss or config.advantage_estimator_config.use_kl_in_reward
+    scores_reference = needs_reference(config)
     lengths = [row["prompt_len"] + row["response_len"] for row in rollouts]
     ranks, me = distributed.world_size(), distributed.rank()
     minis = []
@@ -156,7 +161,9 @@ def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer
                 kept = torch.tensor([rollouts[i]["finish_reason"] != "length" for i in indices], dtype=batch.mask.dtype)
                 batch.mask = batch.mask * kept.unsqueeze(-1)
             old = None if reuses_old_logprobs(config) else trainer.logprobs(batch, temperature)
-            ref = trainer.reference_logprobs(batch, temperature, lambda: engines.reference) if needs_reference else None
+            ref = (
+                trainer.reference_logprobs(batch, temperature, lambda: engines.reference) if scores_reference else None
+            )
             rollout = rollout_logprobs(rollouts, indices, batch.mask)
             padding = position * ranks + me >= len(everyone)  # a repeat that only keeps the ranks in step
             micros.append(

@@ -13,6 +13,7 @@ import inspect
 import math
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from rlx.lineage.fingerprint import fingerprint, tensor_hashes
 from rlx.store import faults
 from rlx.store.artifacts import read_json, write_json
 from rlx.training import distributed, lora
+from rlx.training.flops import ModelShape
 from rlx.training.loading import pretrained
 
 if TYPE_CHECKING:
@@ -226,6 +228,11 @@ class PolicyTrainer:
         self.engine.module.eval()
         with self.engine.module.disable_adapter():
             return token_logprobs(self.engine.module, batch, temperature)[0]
+
+    @cached_property
+    def model_shape(self) -> ModelShape:
+        """The policy's parameters by role and its attention's size, to count its FLOPs (read once)."""
+        return ModelShape.of(self.module.config)
 
     @property
     def trainable_parameters(self) -> int:
