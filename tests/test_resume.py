@@ -75,12 +75,31 @@ def final_policy(project: Path) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def reference(pristine, tmp_path_factory) -> bytes:
-    """The final weights of an uninterrupted run."""
+def reference_run(pristine, tmp_path_factory) -> Path:
+    """An uninterrupted run, whose artifacts every resumed one must reproduce."""
     project = fresh_copy(pristine, tmp_path_factory.mktemp("reference"))
     done = fit(project)
     assert done.returncode == 0, done.stderr
-    return final_policy(project)
+    return project
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run) -> bytes:
+    """The final weights of an uninterrupted run."""
+    return final_policy(reference_run)
+
+
+def differing_artifacts(project: Path, reference_run: Path) -> list[str]:
+    """The steps' data files whose bytes differ from the uninterrupted run's: where a divergence began."""
+    names = ["prompts.parquet", "rollouts.parquet", "judged.parquet", "update.parquet", "fingerprint.json"]
+    relatives = [f"step-{step}/{name}" for step in range(1, STEPS + 1) for name in names]
+    return [
+        r for r in relatives if read_or_none(project / "runs/demo" / r) != read_or_none(reference_run / "runs/demo" / r)
+    ]
+
+
+def read_or_none(file: Path) -> bytes | None:
+    return file.read_bytes() if file.is_file() else None
 
 
 def test_killed_at_each_fault_point_resumes_to_the_same_weights(pristine, reference, tmp_path):
@@ -129,14 +148,15 @@ DAMAGE = {  # file under the work_dir: (its stage, how it is damaged)
 REDONE = "redone from its stage on, to the reference"
 
 
-def test_a_damaged_artifact_is_redone_with_what_follows_it(partway, reference, tmp_path):
+def test_a_damaged_artifact_is_redone_with_what_follows_it(partway, reference_run, tmp_path):
     """Each damage in a copy of its own, the reruns side by side (each is mostly a process starting)."""
+    redo = partial(redo_damaged, partway, reference_run, tmp_path)
     with ThreadPoolExecutor(3) as pool:
-        outcomes = dict(zip(DAMAGE, pool.map(partial(redo_damaged, partway, reference, tmp_path), DAMAGE), strict=True))
+        outcomes = dict(zip(DAMAGE, pool.map(redo, DAMAGE), strict=True))
     assert outcomes == dict.fromkeys(DAMAGE, REDONE)
 
 
-def redo_damaged(partway: Path, reference: bytes, base: Path, relative: str) -> str:
+def redo_damaged(partway: Path, reference_run: Path, base: Path, relative: str) -> str:
     """Damage ``relative`` in a copy of the run killed partway, rerun `rlx fit`; what went wrong, if anything."""
     stage, damage = DAMAGE[relative]
     project = Path(shutil.copytree(partway, base / relative.replace("/", "-") / "project", symlinks=True))
@@ -157,8 +177,11 @@ def redo_damaged(partway: Path, reference: bytes, base: Path, relative: str) -> 
     rewritten = {name for name in ITERATION if after[name] != written[name]}
     if rewritten != set(ITERATION[ITERATION.index(stage) :]):
         return f"stages run again: {sorted(rewritten)}"
-    if final_policy(project) != reference:
-        return "the final weights differ from the reference"
+    if final_policy(project) != final_policy(reference_run):
+        differ = differing_artifacts(project, reference_run)
+        return f"the final weights differ from the reference; so do {differ}, and in the run killed partway " + str(
+            differing_artifacts(partway, reference_run)
+        )
     return f"dvc status: {status}" if (status := dvc_status(project)) else REDONE
 
 
