@@ -20,8 +20,13 @@ $(STAMP): pyproject.toml constraints.txt
 fit: $(STAMP)
 	$(BIN)/rlx fit params.yaml
 
+# Two pytest-xdist workers: most tests wait on a child `rlx fit` whose start (imports, DVC) uses one core,
+# so two files at a time fill the second core; each file runs whole on one worker (tests/conftest.py),
+# the slowest files first.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # Benchmarks (pytest-benchmark), not part of `make test`: they need the `bench` extra (TRL, the
 # reference), write tests/benchmarks/results.json and render README's performance table from it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,6 +23,34 @@ from rlx.tasks import gsm8k, math500  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
 DATA = ROOT / "data"
+
+
+# `make test` runs the suite on two pytest-xdist workers: each test file goes to one worker whole, so its
+# module fixtures (a finished run, mostly) are made once, and the files that start a Ray instance go to
+# one worker together, so one runs at a time (they check that their runs leave no Ray process behind).
+RAY_FILES = {"test_async.py", "test_distributed.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "ray" if Path(file).name in RAY_FILES else file
+
+    return ByFile(config, log)
+
+
+# The files whose runs take longest (`pytest --durations`), run first so that no worker is left with a
+# long file at the end while the other idles.
+SLOWEST_FIRST = ["test_resume.py", "test_shared_repo.py", "test_pipeline.py", *sorted(RAY_FILES), "test_notebooks.py"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 def demo_config(base: Path, *overrides: str):
@@ -68,24 +97,38 @@ def build_key() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(demo_data, request):
+def tiny_model(demo_data, request, tmp_path_factory):
     """The demo's base model, built exactly as `rlx init-model params.yaml` builds it. The build is
     deterministic, so a local rerun reuses the last one from pytest's cache while its inputs are
-    unchanged (a clean checkout, as in CI, always builds)."""
+    unchanged (a clean checkout, as in CI, always builds), and of the suite's parallel workers only the
+    first builds it: the others wait for it and copy it."""
+    from filelock import FileLock
+
     from rlx.tasks.tiny_model import build
 
-    cache = getattr(request.config, "cache", None)
-    stored = cache.mkdir(f"tiny-model-{build_key()}") if cache else None
+    stored = model_store(request, tmp_path_factory)
     model, metrics = demo_data.tiny_model.output_dir, demo_data.tiny_model.metrics_path
-    if stored and (stored / "metrics.json").is_file():
-        shutil.copytree(stored / "model", model)
-        shutil.copy2(stored / "metrics.json", metrics)
-        return demo_data, json.loads(metrics.read_text())
-    built = build(demo_data)
-    if stored:
-        shutil.copytree(model, stored / "model", dirs_exist_ok=True)
-        shutil.copy2(metrics, stored / "metrics.json")  # last: marks the copy complete
+    with FileLock(f"{stored}.lock") if stored else contextlib.nullcontext():
+        if stored and (stored / "metrics.json").is_file():
+            shutil.copytree(stored / "model", model)
+            shutil.copy2(stored / "metrics.json", metrics)
+            return demo_data, json.loads(metrics.read_text())
+        built = build(demo_data)
+        if stored:
+            shutil.copytree(model, stored / "model", dirs_exist_ok=True)
+            shutil.copy2(metrics, stored / "metrics.json")  # last: marks the copy complete
     return demo_data, built
+
+
+def model_store(request, tmp_path_factory) -> Path | None:
+    """Where the built tiny model is kept for reuse: pytest's cache, else (pytest-xdist without a cache)
+    the folder the workers' temp folders share; None for a lone process without a cache."""
+    cache = getattr(request.config, "cache", None)
+    if cache:
+        return cache.mkdir(f"tiny-model-{build_key()}")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.getbasetemp().parent / f"tiny-model-{build_key()}"
+    return None
 
 
 @pytest.fixture(scope="session")
