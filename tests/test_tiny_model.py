@@ -13,7 +13,7 @@ from rlx.cli import main
 from rlx.store.targets import json_mark
 from rlx.tasks.arith import write_dataset
 from rlx.tasks.data import load_rows, prompt_ids
-from rlx.tasks.tiny_model import build, greedy_accuracy
+from rlx.tasks.tiny_model import build, greedy_accuracy, train_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,21 @@ def test_same_seed_builds_identical_weights_and_tokenizer(tmp_path):
         files.append(cfg.tiny_model.output_dir)
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (files[0] / name).read_bytes() == (files[1] / name).read_bytes(), name
+
+
+def test_whole_numbers_makes_each_number_one_token_wherever_it_stands():
+    """The agent demo's tokenizer: a number is the same single token in the question, the tool call and the
+    answer (no space attached), so copying it is copying a token; the default keeps one token per digit."""
+    texts = [
+        f"Mo has {a} cards. Then Mo buys {b} more.\n{a} + {b} = {a + b}\n#### {a + b}"
+        for a in range(1, 60)
+        for b in (7, 35)
+    ]
+    numbers = lambda tokenizer, text: [t for t in tokenizer.tokenize(text) if t.strip("Ġ").isdigit()]  # noqa: E731
+    whole = train_tokenizer(texts, 512, whole_numbers=True)
+    assert numbers(whole, "Mo has 42 cards.") == numbers(whole, '{"expression": "42 + 7"}')[:1] == ["42"]
+    assert numbers(whole, "#### 77") == numbers(whole, "tool\n77") == ["77"]
+    assert numbers(train_tokenizer(texts, 512), "Mo has 42 cards.") == ["4", "2"]
 
 
 def test_loads_with_auto_classes_and_generates(tiny_model):

@@ -32,6 +32,11 @@ class TinyModelConfig(Section):
     output_dir: Path = Field(Path("data/tiny-qwen3"), description="HF model folder written by `rlx init-model`.")
     metrics_path: Path = Field(Path("data/warm_start.json"), description="Warm-start metrics (a DVC metric).")
     vocab_size: int = Field(384, ge=64, description="Target size of the locally trained BPE vocabulary.")
+    whole_numbers: bool = Field(
+        False,
+        description="Let BPE merge a number's digits into one token (as far as vocab_size allows) instead of one "
+        "token per digit: copying a number is then copying a token, computing with it recalling a fact.",
+    )
     hidden_size: int = Field(160, gt=0, description="Width of the tiny model.")
     intermediate_size: int = Field(480, gt=0, description="Width of its MLPs.")
     num_hidden_layers: int = Field(4, gt=0, description="Transformer layers.")
@@ -53,7 +58,7 @@ class TinyModelConfig(Section):
         ge=0,
         le=1,
         description="Share of warm-start solutions that call the `calculator` tool and answer with its result "
-        "(rlx.tasks.calculator; configs/agent.yaml), so the model knows the call format before RL; 0: none.",
+        "(rlx.tasks.calculator; configs/agent_calculator.yaml), so the model knows the call format before RL; 0: none.",
     )
     eval_max_tokens: int = Field(32, gt=0, description="Response budget when measuring held-out accuracy.")
     seed: int = Field(0, description="Seed of initialisation and warm start; same seed, same weights.")

@@ -1,5 +1,5 @@
 """The agents' calculator (``tools: [rlx.tasks.calculator:calculator]``): arithmetic the tiny demo model
-cannot do in its head (``configs/agent.yaml``), and GSM8K's (``configs/gpu/gsm8k_qwen2.5_0.5b_agent.yaml``).
+cannot do in its head (``configs/agent_calculator.yaml``), and GSM8K's (``configs/gpu/gsm8k_qwen2.5_0.5b_agent.yaml``).
 
 The expression is parsed, never evaluated as code: numbers, ``+``, ``-``, ``*``, ``/``, unary minus and
 parentheses only, computed exactly (fractions), so model output cannot run anything.

@@ -35,11 +35,14 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE whose digits never merge, with a Qwen-style chat template."""
+def train_tokenizer(texts: list[str], vocab_size: int, whole_numbers: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with a Qwen-style chat template. Its digits never merge, so arithmetic is
+    learnable digit by digit; with ``whole_numbers`` a number is split from the text around it (never
+    from its digits) and BPE merges it whole as far as ``vocab_size`` allows: copying a number is then
+    copying one token, and computing with it recalling a fact per pair of numbers."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [pre_tokenizers.Digits(individual_digits=not whole_numbers), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -177,7 +180,7 @@ def build(config: RLTrainerConfig) -> dict:
     ]
     if cfg.tool_call_ratio:  # the calls' text too, so that a call is a few tokens
         corpus += [call_text(expression(row["extra_info"]["solution"])) for row in train_rows]
-    tokenizer = train_tokenizer(corpus, cfg.vocab_size)
+    tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.whole_numbers)
     model = create_model(cfg, tokenizer)
     losses = warm_start(model, tokenizer, train_rows, cfg)
     accuracy = greedy_accuracy(model, tokenizer, test_rows, "arith", cfg.eval_max_tokens)
