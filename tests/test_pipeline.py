@@ -163,7 +163,9 @@ def test_killed_fit_resumes_to_the_same_result(finished, tmp_path, tiny_model):
     assert dvc_status(resumed) == {}
 
 
-PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.stem != "async")  # tests/test_async.py runs it
+# Not here: async (tests/test_async.py runs it) and the agent demo's, which build a model of their own in
+# minutes (tests/test_agents.py runs their loop on a small model; tests/test_config.py loads them).
+PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.stem != "async" and not p.stem.startswith("agent"))
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
