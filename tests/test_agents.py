@@ -16,7 +16,9 @@ from rlx.agents.loop import AgentLoop, reset_row, tool_use
 from rlx.algo import advantages
 from rlx.algo.losses import policy_loss
 from rlx.config import AgentLoopConfig, JudgerConfig, SampleParams
+from rlx.errors import UserError
 from rlx.judgers import Panel
+from rlx.judgers.rows import judge_rows
 from rlx.samplers.types import Generation
 from rlx.training.microbatch import response_mask
 from rlx.training.trainer import TokenBatch
@@ -108,6 +110,37 @@ def test_an_environment_is_made_per_rollout_its_methods_are_the_tools_and_its_re
             "environment: ValueError: no environment_reward: the row was not made by an agent_loop_config.environment",
         ),
     ]
+
+
+def test_an_environment_whose_reset_fails_scores_that_rollout_0_and_the_run_goes_on(untrained_model, tokenizer):
+    """A user's reset that raises is the environment's fault, like a tool's: counted, the rollout scored 0
+    with the error kept; only when it fails on every row is it the run's end, in one line."""
+    from rlx.samplers import TransformersSampler
+    from rlx.training.loading import load_policy
+
+    cfg = untrained_model[0]
+    config = AgentLoopConfig(environment="helpers.agents:Picky", max_turns=2)
+    loop = AgentLoop(config, tokenizer, SampleParams(max_tokens=4))
+    rows = [reset_row("count", [{"role": "user", "content": "?"}], gold) for gold in ("3", "-1")]
+    sampler = TransformersSampler(load_policy(cfg.tiny_model.output_dir), tokenizer, cfg.rollout_config)
+    ran = loop.run(sampler, [loop.start(row, [0]) for row in rows], seed=0)
+    assert [(t.finish_reason == "reset_failed", t.turns) for t in ran] == [(False, 1), (True, 0)]
+    assert (ran[1].response_ids, ran[1].reward) == ([], None)
+    assert ran[1].reward_error == "reset failed (ValueError: cannot count to -1)"
+    produced = [{"data_source": "count", "ground_truth": r["ground_truth"], "response_len": len(t.response_ids),
+                 "finish_reason": t.finish_reason, **t.columns()} for r, t in zip(rows, ran, strict=True)]  # fmt: skip
+    judgers = JudgerConfig(reward_judger_configs=[{"judger_name": "environment", "data_source": ["count"]}])
+    judged = judge_rows(Panel(judgers), produced, "final_text")
+    assert [(j["reward"], j["error"]) for j in judged] == [
+        (0.0, None),  # the counter's reward: nothing counted in 4 tokens
+        (0.0, "environment: reset failed (ValueError: cannot count to -1)"),
+    ]
+    assert tool_use(produced, "agent")["agent/environment_errors"] == 1
+    with pytest.raises(UserError) as failed:
+        loop.run(sampler, [loop.start(rows[1], [0]) for _ in range(2)], seed=0)
+    assert str(failed.value) == (
+        "agent_loop_config.environment: reset failed (ValueError: cannot count to -1), on every prompt row"
+    )
 
 
 def test_the_loss_and_the_advantages_length_terms_read_only_the_model_tokens():
@@ -209,7 +242,7 @@ def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_toke
     assert [j["reward"] for j in judge_rollouts(config, Panel(config.judger_config), rows)] == [1.0, 1.0]
     assert tool_use(rows, "agent") == {
         "agent/turns/mean": 2.0, "agent/tool_calls": 2, "agent/tool_call_frac": 1.0, "agent/tool_errors": 0,
-        "agent/tool_timeouts": 0, "agent/max_turns_frac": 0.0,
+        "agent/tool_timeouts": 0, "agent/max_turns_frac": 0.0, "agent/environment_errors": 0,
     }  # fmt: skip
 
 

@@ -63,3 +63,12 @@ class Counter:
 
     def reward(self) -> float:
         return float(self.count)
+
+
+class Picky(Counter):
+    """An environment whose ``reset`` fails on some rows (a user's bug), as the rollout of such a row must survive."""
+
+    def reset(self, row: dict) -> str:
+        if row["ground_truth"].startswith("-"):
+            raise ValueError(f"cannot count to {row['ground_truth']}")
+        return super().reset(row)
