@@ -26,6 +26,7 @@ from rlx.agents.tools import Session
 from rlx.config import AgentLoopConfig, SampleParams
 from rlx.errors import UserError
 from rlx.samplers.types import Generation
+from rlx.store import faults
 from rlx.tasks.data import prompt_ids
 
 RESET_FAILED = "reset_failed"  # the finish of a rollout whose environment could not start: no turn, scored 0
@@ -145,6 +146,7 @@ class AgentLoop:
             )  # fmt: skip
         ids = tool_turn_ids(self.tokenizer, messages)[: self.budget(trajectory)]
         trajectory.append(ids, 0, [None] * len(ids))
+        faults.point("agent.tool_results")
         if self.budget(trajectory) <= 0:
             trajectory.finish_reason = "length"
 
