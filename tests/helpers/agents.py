@@ -92,12 +92,15 @@ def pause() -> str:
 
 
 class Recorded:
-    """A sampler whose ``generate`` calls are kept (contexts, parameters, seeds): what an agent loop asked
-    the model for, turn by turn, to check or to make again without the tools between the turns."""
+    """A sampler whose ``generate`` calls are kept (contexts, parameters, seeds) and timed: what an agent
+    loop asked the model for, turn by turn, to check or to make again without the tools between the turns."""
 
     def __init__(self, sampler):
-        self.sampler, self.calls = sampler, []
+        self.sampler, self.calls, self.seconds = sampler, [], []
 
     def generate(self, prompts, params, seed):
         self.calls.append((prompts, params, seed))
-        return self.sampler.generate(prompts, params, seed=seed)
+        started = time.perf_counter()
+        generated = self.sampler.generate(prompts, params, seed=seed)
+        self.seconds.append(time.perf_counter() - started)
+        return generated
