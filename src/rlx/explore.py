@@ -150,7 +150,7 @@ class Run:
         return row.iloc[0]
 
     def tokenizer(self):
-        """The run's tokenizer (``tokenizer_path``, else ``load_from``), found from wherever this runs."""
+        """The run's tokenizer (``tokenizer_path``, checked against ``load_from``'s model), from wherever this runs."""
         from rlx.training.loading import load_tokenizer
 
         params = self.config()
