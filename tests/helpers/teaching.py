@@ -47,9 +47,9 @@ def teach(model_dir: Path, folder: Path, examples: list[tuple[list[int], list[li
 
 def agent_inputs(untrained_model, base: Path, problems: int = 8):
     """The untrained model's inputs for an agent run: its first ``problems`` training problems (and 4 held-out
-    ones), and the model taught on each to call ``ping`` and answer with the problem's gold
-    answer (by heart, so sampled answers differ and rewards vary). Shaped like the ``untrained_model``
-    fixture, for ``make_project``."""
+    ones), and the model taught on each to call ``ping`` and answer with the problem's gold answer (60
+    steps: sampled, it gets the call right in about half of its rollouts, so rewards vary within a
+    group). Shaped like the ``untrained_model`` fixture, for ``make_project``."""
     from rlx.config import AgentLoopConfig
 
     cfg, metrics = untrained_model
