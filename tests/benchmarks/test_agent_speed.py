@@ -5,8 +5,9 @@ Overhead: every response of the demo batch (16 prompts x 8) calls a 50 ms tool (
 in each of two turns, then answers, through the real agent loop and transformers backend, greedy; the
 same generate calls (the same contexts and seeds: the same tokens) are then made back to back without
 tools. The tools of different rollouts run together, so the issue's target is agent <= generation +
-2 x 50 ms x 1.2: the agent loop's wall time minus the seconds its own generate calls took, each round. Two model sizes: the 1-layer untrained model (generation cheap, the tools' share
-large) and the demo's 4-layer model, each first taught the conversation by heart.
+2 x 50 ms x 1.2: the agent loop's wall time minus the seconds its own generate calls took, each round.
+Two model sizes: the untrained model (1 layer of 32: generation cheap, the tools' share large) and a
+random-init model of the demo's shape (4 layers of 160), each first taught the conversation by heart.
 
 Per-turn cost: the loop's own work for each turn of a 128-turn conversation (reading the model's
 turn, rendering and tokenizing the tool's result) against a loop that renders and tokenizes the whole
@@ -19,7 +20,7 @@ import statistics
 import time
 
 import pytest
-from harness import FLOW, alternate, demo_tokenizer, record
+from harness import DEMO, FLOW, alternate, demo_tokenizer, record
 
 from rlx.agents.calls import Outcome
 from rlx.agents.format import tool_turn_ids
@@ -32,6 +33,7 @@ from rlx.training.loading import load_policy
 ROUNDS = 3
 PROMPTS, K = 16, FLOW.prompt_repeat_k  # the demo's batch: 16 prompts x 8
 TOOL_S, CALLS = 0.05, 2
+SHAPE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 CALL = '<tool_call>\n{"name": "pause", "arguments": {}}\n</tool_call>'
 AGENT = AgentLoopConfig(tools=["helpers.agents:pause"], max_turns=CALLS + 1, tool_timeout=5.0)
 PARAMS = SampleParams(max_tokens=256, temperature=0.0)
@@ -49,19 +51,26 @@ def taught(model_dir, tokenizer, prompts: list[list[int]], folder):
     return load_policy(folder)
 
 
-@pytest.fixture(scope="module", params=["untrained", "demo"])
-def agent_batch(request, tmp_path_factory):
-    """(name, the model taught to call, its tokenizer, the batch's prompt ids with the tool's schema,
-    the rollout settings)."""
+@pytest.fixture(scope="module", params=["untrained", "demo-shape"])
+def agent_batch(request, untrained_model, tmp_path_factory):
+    """(name, the model taught to call, its tokenizer, the batch's prompt ids with the tool's schema, the
+    rollout settings). Sizes: the untrained model (1 layer of 32) and a random-init one of the demo
+    model's shape (4 layers of 160; its warm start would teach it nothing the teaching here needs)."""
     from rlx.tasks.data import load_rows, prompt_ids
+    from rlx.tasks.tiny_model import create_model, save
 
-    cfg, _ = model = request.getfixturevalue("untrained_model" if request.param == "untrained" else "tiny_model")
-    tokenizer = demo_tokenizer(model)
+    cfg, _ = untrained_model
+    tokenizer = demo_tokenizer(untrained_model)
+    base = tmp_path_factory.mktemp(f"agent-{request.param}")
+    start = cfg.tiny_model.output_dir
+    if request.param == "demo-shape":
+        start, shape = base / "random", DEMO.tiny_model
+        sized = cfg.tiny_model.model_copy(update={name: getattr(shape, name) for name in SHAPE})
+        save(create_model(sized, tokenizer), tokenizer, start)
     rows = load_rows(cfg.synthetic_task.output_dir / "train.parquet")[:PROMPTS]
     schemas = AGENT.toolbox().schemas
     prompts = [prompt_ids(tokenizer, row["prompt"], schemas) for row in rows for _ in range(K)]
-    folder = tmp_path_factory.mktemp(f"agent-{request.param}") / "model"
-    return request.param, taught(cfg.tiny_model.output_dir, tokenizer, prompts, folder), tokenizer, prompts, cfg
+    return request.param, taught(start, tokenizer, prompts, base / "model"), tokenizer, prompts, cfg
 
 
 def test_agent_rollout_overhead(benchmark, agent_batch):
