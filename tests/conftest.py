@@ -206,6 +206,34 @@ def make_project(base: Path, tiny_model) -> Path:
     return project
 
 
+@pytest.fixture(scope="session")
+def agent_project(untrained_model, tmp_path_factory) -> Path:
+    """A project for a 2-step agent run (configs/agent_calculator.yaml's loop, helpers.teaching.AGENT_RUN) of the
+    untrained model taught to call ``helpers.agents:logged_add``, without evaluation. Not run: copy it."""
+    from helpers.teaching import AGENT_RUN, agent_inputs
+    from rlx.lineage.record import edit_params
+
+    base = tmp_path_factory.mktemp("agent")
+    project = make_project(base, agent_inputs(untrained_model, base / "inputs"))
+    settings = ["rollout_steps=2", "wandb.enabled=false", "evaluator_config.enable_evaluate=false"]
+    edit_params(project / "params.yaml", [*AGENT_RUN, *settings])
+    return project
+
+
+@pytest.fixture(scope="session")
+def agent_run(agent_project, tmp_path_factory) -> Path:
+    """A copy of ``agent_project`` run by `rlx fit` to its end, uninterrupted."""
+    return fitted_copy(agent_project, tmp_path_factory.mktemp("agent-run"))
+
+
+def fitted_copy(project: Path, base: Path) -> Path:
+    """A copy of ``project`` under ``base``, run by `rlx fit` to its end, uninterrupted."""
+    copy = Path(shutil.copytree(project, base / "project", symlinks=True))
+    done = fit(copy)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return copy
+
+
 RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # set by this process's DeepSpeed
 
 
@@ -213,6 +241,8 @@ def child_env() -> dict:
     """This process's environment for a child rlx, without the rendezvous of this process's DeepSpeed."""
     env = {name: value for name, value in os.environ.items() if name not in RENDEZVOUS}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    # the test helpers importable, so a run's config may name their tools as a user names their own
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
     return env
 
 

@@ -16,7 +16,9 @@ from rlx.agents.loop import AgentLoop, reset_row, tool_use
 from rlx.algo import advantages
 from rlx.algo.losses import policy_loss
 from rlx.config import AgentLoopConfig, JudgerConfig, SampleParams
+from rlx.errors import UserError
 from rlx.judgers import Panel
+from rlx.judgers.rows import judge_rows
 from rlx.samplers.types import Generation
 from rlx.training.microbatch import response_mask
 from rlx.training.trainer import TokenBatch
@@ -110,6 +112,37 @@ def test_an_environment_is_made_per_rollout_its_methods_are_the_tools_and_its_re
     ]
 
 
+def test_an_environment_whose_reset_fails_scores_that_rollout_0_and_the_run_goes_on(untrained_model, tokenizer):
+    """A user's reset that raises is the environment's fault, like a tool's: counted, the rollout scored 0
+    with the error kept; only when it fails on every row is it the run's end, in one line."""
+    from rlx.samplers import TransformersSampler
+    from rlx.training.loading import load_policy
+
+    cfg = untrained_model[0]
+    config = AgentLoopConfig(environment="helpers.agents:Picky", max_turns=2)
+    loop = AgentLoop(config, tokenizer, SampleParams(max_tokens=4))
+    rows = [reset_row("count", [{"role": "user", "content": "?"}], gold) for gold in ("3", "-1")]
+    sampler = TransformersSampler(load_policy(cfg.tiny_model.output_dir), tokenizer, cfg.rollout_config)
+    ran = loop.run(sampler, [loop.start(row, [0]) for row in rows], seed=0)
+    assert [(t.finish_reason == "reset_failed", t.turns) for t in ran] == [(False, 1), (True, 0)]
+    assert (ran[1].response_ids, ran[1].reward) == ([], None)
+    assert ran[1].reward_error == "reset failed (ValueError: cannot count to -1)"
+    produced = [{"data_source": "count", "ground_truth": r["ground_truth"], "response_len": len(t.response_ids),
+                 "finish_reason": t.finish_reason, **t.columns()} for r, t in zip(rows, ran, strict=True)]  # fmt: skip
+    judgers = JudgerConfig(reward_judger_configs=[{"judger_name": "environment", "data_source": ["count"]}])
+    judged = judge_rows(Panel(judgers), produced, "final_text")
+    assert [(j["reward"], j["error"]) for j in judged] == [
+        (0.0, None),  # the counter's reward: nothing counted in 4 tokens
+        (0.0, "environment: reset failed (ValueError: cannot count to -1)"),
+    ]
+    assert tool_use(produced, "agent")["agent/environment_errors"] == 1
+    with pytest.raises(UserError) as failed:
+        loop.run(sampler, [loop.start(rows[1], [0]) for _ in range(2)], seed=0)
+    assert str(failed.value) == (
+        "agent_loop_config.environment: reset failed (ValueError: cannot count to -1), on every prompt row"
+    )
+
+
 def test_the_loss_and_the_advantages_length_terms_read_only_the_model_tokens():
     """Two responses of 4 tokens; the first has 2 tool tokens in the middle (mask 1 0 0 1)."""
     rows = [
@@ -130,36 +163,54 @@ def test_the_loss_and_the_advantages_length_terms_read_only_the_model_tokens():
         assert loss.item() == pytest.approx((-2 * 1.0 + 4 * 1.0) / 6)
 
 
+@pytest.fixture(scope="module")
+def taught(untrained_model, tmp_path_factory):
+    """The folder of the model taught one rollout (:func:`taught_to_call`), its prompt and pieces."""
+    folder = tmp_path_factory.mktemp("taught") / "model"
+    return folder, *taught_to_call(untrained_model, folder)
+
+
 def taught_to_call(untrained_model, folder):
     """The untrained model taught one rollout by heart: call ``add`` (the call spelled character by
     character: ids the tokenizer would merge if the text were encoded again), read the result, answer.
     Returns the prompt's ids and the rollout's three pieces of ids."""
+    from helpers.teaching import teach
     from rlx.tasks.data import prompt_ids
-    from rlx.training.loading import load_policy
 
     cfg = untrained_model[0]
     tokenizer = AutoTokenizer.from_pretrained(cfg.tiny_model.output_dir)
-    model = load_policy(cfg.tiny_model.output_dir)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     call = [i for character in '<tool_call>{"name": "add", "arguments": {"a": 4, "b": 5}}</tool_call>'
             for i in encode(character)]  # fmt: skip
     pieces = ([*call, tokenizer.eos_token_id], tool_turn_ids(tokenizer, [{"role": "tool", "content": "9"}]))
     pieces += ([*encode("#### 9"), tokenizer.eos_token_id],)
     prompt = prompt_ids(tokenizer, [{"role": "user", "content": "4 + 5?"}])
-    ids = torch.tensor([[*prompt, *pieces[0], *pieces[1], *pieces[2]]])
-    labels = torch.tensor([[-100] * len(prompt) + pieces[0] + [-100] * len(pieces[1]) + pieces[2]])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    for _ in range(60):
-        model(input_ids=ids, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    teach(cfg.tiny_model.output_dir, folder, [(prompt, list(pieces))], steps=60)
     return prompt, pieces
 
 
-def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_tokens_only(untrained_model, tmp_path):
+def test_each_turn_goes_on_from_the_ids_of_the_turn_before_byte_for_byte(untrained_model, taught, tokenizer):
+    """No re-tokenization (TRL #5224): the input of turn 2 starts with the very ids of turn 1's input and
+    its sampled reply, though this tokenizer, decoding and encoding them again, would merge them."""
+    from helpers.agents import Recorded
+    from rlx.samplers import TransformersSampler
+    from rlx.training.loading import load_policy
+
+    folder, prompt, (call, tool, _) = taught
+    config = AgentLoopConfig(tools=["helpers.agents:add"], max_turns=2)
+    loop = AgentLoop(config, tokenizer, SampleParams(max_tokens=120, temperature=0))
+    sampler = Recorded(TransformersSampler(load_policy(folder), tokenizer, untrained_model[0].rollout_config))
+    loop.run(sampler, [loop.start(reset_row("rlx/arith", [], "9"), prompt)], seed=3)
+    first, second = (prompts[0] for prompts, _, _ in sampler.calls)
+    as_bytes = lambda ids: torch.tensor(ids, dtype=torch.int64).numpy().tobytes()  # noqa: E731
+    assert as_bytes(second[: len(first)]) == as_bytes(first) == as_bytes(prompt)
+    assert second == prompt + call + tool
+    assert tokenizer.encode(tokenizer.decode(prompt + call), add_special_tokens=False) != prompt + call
+
+
+def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_tokens_only(
+    untrained_model, taught, tmp_path
+):
     """Through the real transformers backend and the rollout stage: the turns' ids are never re-tokenized
     (the ids of each turn's input start the next one's, even where decoding and encoding again would
     change them), tool tokens are 0 in the mask with no log-prob, the trainer's log-probs of the model's
@@ -171,11 +222,11 @@ def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_toke
     from rlx.stages.rollout import sample_groups
     from rlx.training.trainer import token_logprobs
 
-    prompt, (call, tool, answer) = taught_to_call(untrained_model, tmp_path / "model")
+    folder, prompt, (call, tool, answer) = taught
     config = demo_config(
         tmp_path,
-        f"load_from={tmp_path / 'model'}",
-        f"tokenizer_path={tmp_path / 'model'}",
+        f"load_from={folder}",
+        f"tokenizer_path={folder}",
         f"work_dir={tmp_path / 'run'}",
         "dataflow_config.prompt_repeat_k=2",
         "dataflow_config.sample_params.temperature=0",
@@ -209,7 +260,7 @@ def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_toke
     assert [j["reward"] for j in judge_rollouts(config, Panel(config.judger_config), rows)] == [1.0, 1.0]
     assert tool_use(rows, "agent") == {
         "agent/turns/mean": 2.0, "agent/tool_calls": 2, "agent/tool_call_frac": 1.0, "agent/tool_errors": 0,
-        "agent/tool_timeouts": 0, "agent/max_turns_frac": 0.0,
+        "agent/tool_timeouts": 0, "agent/max_turns_frac": 0.0, "agent/environment_errors": 0,
     }  # fmt: skip
 
 

@@ -16,7 +16,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, dvc_status, fit, killed_and_resumed, make_project, run
+from conftest import ROOT, dvc_status, fitted_copy, killed_and_resumed, make_project, run
 from rlx.cli import main
 from rlx.config import load, preset_overrides, rollout_policy_step
 from rlx.explore import Run
@@ -87,10 +87,7 @@ def pristine(tmp_path_factory, tiny_model) -> Path:
 @pytest.fixture(scope="module")
 def finished(pristine, tmp_path_factory) -> Path:
     """The uninterrupted asynchronous run."""
-    project = Path(shutil.copytree(pristine, tmp_path_factory.mktemp("finished") / "project", symlinks=True))
-    done = fit(project)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return project
+    return fitted_copy(pristine, tmp_path_factory.mktemp("finished"))
 
 
 def final_policy(project: Path) -> dict:

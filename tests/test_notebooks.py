@@ -14,6 +14,7 @@ from nbclient import NotebookClient
 from conftest import ROOT, child_env, dvc_status, make_project
 from rlx.cli import main
 from rlx.config import load
+from rlx.errors import UserError
 from rlx.explore import Run, compare
 from rlx.run.fit import fit
 
@@ -42,8 +43,27 @@ def execute(name: str, parameters: str, folder: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["explore_rollouts", "rewards", "training_curves"])
-def test_notebook_runs_top_to_bottom_and_draws(name, runs, tmp_path):
-    execute(name, f"RUN = {str(runs[0])!r}\nRUN_B = {str(runs[1])!r}\nSTEP = None", tmp_path)
+def test_notebook_runs_top_to_bottom_and_draws(name, runs, tmp_path, request):
+    """explore_rollouts shows an agent run's turns too (AGENT_RUN; the demo run is none)."""
+    agent = request.getfixturevalue("agent_run") / "runs/demo" if name == "explore_rollouts" else None
+    parameters = f"RUN = {str(runs[0])!r}\nRUN_B = {str(runs[1])!r}\nSTEP = None\nAGENT_RUN = {str(agent)!r}"
+    execute(name, parameters, tmp_path)
+
+
+def test_an_agent_rollout_part_by_part_and_token_by_token_from_anywhere(agent_run, tmp_path, monkeypatch):
+    """The turns and the tokens agree on what the loss reads; the run's relative tokenizer_path is found
+    from another working directory (a notebook's)."""
+    monkeypatch.chdir(tmp_path)
+    run = Run(agent_run / "runs/demo")
+    samples = run.samples(2)
+    chosen = samples[samples["turns"] == 2].iloc[0]
+    turns, tokens = (view(2, chosen["group"], chosen["sample"]) for view in (run.turns, run.tokens))
+    assert turns["who"].tolist()[:3] == ["model", "tool", "model"] and len(tokens) == chosen["response_len"]
+    assert tokens["trained"].sum() == turns.loc[turns["trained"], "tokens"].sum()
+    assert tokens["logprob"].isna().tolist() == (~tokens["trained"]).tolist()
+    assert turns["calls"][1][0]["tool"] == "ping" and "pong" in turns["text"][1]
+    with pytest.raises(UserError, match="no agent rollout of group 99"):
+        run.tokens(2, 99, 0)
 
 
 def test_quickstart_starts_a_run_from_python_and_opens_it(tiny_model, tmp_path):

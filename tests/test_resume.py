@@ -9,6 +9,7 @@ must equal the reference bitwise and DVC must be clean.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import shutil
@@ -19,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import child_env, dvc_status, fit, killed_and_resumed, make_project
 from rlx.errors import UserError
+from rlx.explore import Run
 from rlx.lineage.record import edit_params
 from rlx.run.worklock import hold_work_dir
 from rlx.store.faults import POINTS
@@ -56,7 +59,9 @@ CHAINS = {
     # Each run writes at most 11 artifacts before it is killed: the chain ends well before the run does.
     "random-writes": [f"artifact.rename@{n}" for n in random.Random(9).sample(range(1, 12), 3)],
 }
-assert {p.partition("@")[0] for chain in CHAINS.values() for p in chain} == set(POINTS), "a fault point is untested"
+AGENT_KILL = "agent.tool_results"  # tested by the agent run's kill, below
+chained = {p.partition("@")[0] for chain in CHAINS.values() for p in chain}
+assert chained | {AGENT_KILL} == set(POINTS), "a fault point is untested"
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +129,40 @@ def partway(pristine, tmp_path_factory) -> Path:
     edit_params(project / "params.yaml", ["checkpoint_interval=1"])
     assert fit(project, "step.prune").returncode == -9
     return project
+
+
+def executed_calls(rollouts: Path) -> tuple[int, int]:
+    """Per agent rollout of a step: the calls of the tool that ran (not the unreadable ones), and the
+    turns whose calls ran through the loop (each reaches AGENT_KILL once)."""
+    rows = pq.read_table(rollouts, columns=["tool_calls"]).to_pylist()
+    calls = [json.loads(row["tool_calls"]) for row in rows]
+    return sum(c["error"] is None for row in calls for c in row), sum(len({c["turn"] for c in row}) for row in calls)
+
+
+def test_an_agent_run_killed_in_its_rollout_resumes_exactly_and_replay_calls_no_tool(
+    agent_project, agent_run, tmp_path, monkeypatch
+):
+    """Killed by SIGKILL in step 2's rollout, past its first tool results: the rerun re-creates step 1's
+    policy by replay and ends on the uninterrupted run's weights; only step 2's rollout called the tool
+    again (helpers.agents.ping logs each call with its pid), and materializing step 1 calls it never."""
+    from helpers.agents import TOOL_LOG
+
+    reference = RunLayout(agent_run / "runs/demo")
+    step_1, turns_1 = executed_calls(reference.step(1).rollouts)
+    step_2, _ = executed_calls(reference.step(2).rollouts)
+    assert (step_1, step_2) > (0, 0), "the taught model called no tool"
+    project = fresh_copy(agent_project, tmp_path)
+    assert killed_and_resumed(project, [f"{AGENT_KILL}@{turns_1 + 1}"], STEPS) == "resumed to the reference"
+    weights = {name: final_policy(run) for name, run in (("resumed", project), ("reference", agent_run))}
+    assert weights["resumed"] == weights["reference"]
+    assert weights["reference"] != (reference.step(0).policy / "model.safetensors").read_bytes(), "nothing learned"
+    log = project / TOOL_LOG
+    pids = [line.split()[0] for line in log.read_text().splitlines()]
+    killed, resumed = dict.fromkeys(pids)  # the two processes, in order
+    assert (pids.count(killed) >= step_1, pids.count(resumed)) == (True, step_2)
+    monkeypatch.chdir(project)
+    Run(project / "runs/demo").policy(1, tmp_path / "step-1")  # no checkpoint: re-created by replay
+    assert len(log.read_text().splitlines()) == len(pids)
 
 
 def truncate(data: bytes) -> bytes:

@@ -297,12 +297,18 @@ def show(
                   *(["turns", "calls"] if agent else []),
                   title=f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}")  # fmt: skip
     for row, updates in zip(samples.head(rows).itertuples(), stale, strict=True):
-        calls = [str(row.turns), str(len(json.loads(row.tool_calls)))] if agent else []
+        calls = [str(row.turns), calls_shown(json.loads(row.tool_calls))] if agent else []
         table.add_row(
             str(row.group), str(row.sample), row.question[:60], row.response_text[:60], str(row.extracted),
             f"{row.reward:.2f}", f"{row.advantage:+.2f}", row.finish_reason, str(updates), *calls,
         )  # fmt: skip
     console.print(table)
+
+
+def calls_shown(calls: list[dict]) -> str:
+    """An agent rollout's calls as `rlx show` counts them: how many, and how many failed (shown as errors)."""
+    failed = sum(call["error"] is not None for call in calls)
+    return f"{len(calls)} ({failed} failed)" if failed else str(len(calls))
 
 
 @app.command("compare")

@@ -9,6 +9,7 @@ Everything is read from the run's own artifacts (no W&B account needed) as panda
     run.eval_samples(30)       # the held-out answers of an evaluated step
     run.follow(prompt_index)   # one training prompt's responses at every step it was drawn
     run.turns(3, group, sample)  # an agent's rollout part by part: model turns, tool results (untrained)
+    run.tokens(3, group, sample)  # the same token by token: text, trained or masked, log-prob
     compare(Run("a"), Run("b"))  # the params that differ, and the final metrics side by side
 """
 
@@ -115,16 +116,7 @@ class Run:
         """An agent's rollout (``dataflow_config.agent_loop_config``) part by part, as its tokens were
         made: the model's turns and the tool results between them (``trained`` False: the loss skipped
         them), each with its text, token count and, for tool results, the turn's calls."""
-        from rlx.training.loading import load_tokenizer
-
-        paths = self._step_dir(step)
-        rows = checked_table(paths, paths.rollouts)
-        row = rows[(rows["group"] == group) & (rows["sample"] == sample)]
-        if row.empty or "response_mask" not in row:
-            raise UserError(f"{self.work_dir}: step {step} has no agent rollout of group {group}, sample {sample}")
-        row = row.iloc[0]
-        params = self.config()
-        tokenizer = load_tokenizer(Path(params["tokenizer_path"]), Path(params["load_from"]))
+        row, tokenizer = self._agent_rollout(step, group, sample), self.tokenizer()
         calls = json.loads(row["tool_calls"])
         parts, model_turns = [], 0
         for trained, ids in segments(list(row["response_ids"]), list(row["response_mask"])):
@@ -133,6 +125,44 @@ class Run:
             parts.append({"who": "model" if trained else "tool", "trained": bool(trained), "tokens": len(ids),
                           "text": tokenizer.decode(ids), "calls": made})  # fmt: skip
         return pd.DataFrame(parts)
+
+    def tokens(self, step: int, group: int, sample: int) -> pd.DataFrame:
+        """An agent's rollout token by token: each response token's id, its text, whether the loss reads
+        it (``trained``: the model's own; False for the tools' tokens, masked) and its sampled log-prob
+        (none for a masked token: the model did not sample it)."""
+        row, tokenizer = self._agent_rollout(step, group, sample), self.tokenizer()
+        ids = list(row["response_ids"])
+        return pd.DataFrame(
+            {
+                "id": ids,
+                "text": [tokenizer.decode([token]) for token in ids],
+                "trained": [bool(m) for m in row["response_mask"]],
+                "logprob": list(row["rollout_logprobs"]),
+            }
+        )
+
+    def _agent_rollout(self, step: int, group: int, sample: int) -> pd.Series:
+        paths = self._step_dir(step)
+        rows = checked_table(paths, paths.rollouts)
+        row = rows[(rows["group"] == group) & (rows["sample"] == sample)]
+        if row.empty or "response_mask" not in row:
+            raise UserError(f"{self.work_dir}: step {step} has no agent rollout of group {group}, sample {sample}")
+        return row.iloc[0]
+
+    def tokenizer(self):
+        """The run's tokenizer (``tokenizer_path``, checked against ``load_from``'s model), from wherever this runs."""
+        from rlx.training.loading import load_tokenizer
+
+        params = self.config()
+        return load_tokenizer(self.project_path(params["tokenizer_path"]), self.project_path(params["load_from"]))
+
+    def project_path(self, path: str) -> Path:
+        """A path of the run's config as `rlx fit` read it: a relative one starts at the project (the
+        folder the configured ``work_dir`` is relative to), not at this process's working directory."""
+        named = Path(self.config()["work_dir"])
+        if Path(path).is_absolute() or named.is_absolute():  # (an absolute work_dir: the project is unknown)
+            return Path(path)
+        return self.work_dir.resolve().parents[len(named.parts) - 1] / path
 
     def policy(self, step: int, out: Path | None = None) -> Path:
         """A HF folder with step ``step``'s policy: its checkpoint if it has one (and no ``out`` is asked

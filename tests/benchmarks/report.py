@@ -274,8 +274,40 @@ def async_figures(measured: dict) -> dict:
     return found
 
 
+def agent_figures(measured: dict) -> dict:
+    """Agent rollouts (tests/benchmarks/test_agent_speed.py): by model size, the seconds the agent loop adds
+    to its own generate calls, round by round (issue 30's target: at most the calls' 2 x 50 ms x 1.2, the
+    rollouts' tools running together), and the same calls made alone, rounds alternated; and the loop's seconds per turn early and late in a long conversation,
+    against re-tokenizing it each turn."""
+    found = {}
+    for name, value in measured.items():
+        if name.startswith("agent_overhead/"):
+            agent, alone = value["seconds"]["agent"], value["seconds"]["generation"]
+            extra = [a - g for a, g in zip(agent, value["generating_in_agent_s"], strict=True)]
+            found[name] = {
+                **{k: value[k] for k in ("rollouts", "calls_per_rollout", "model_tokens", "parameters")},
+                "agent_s": statistics.median(agent),
+                "generating_in_agent_s": statistics.median(value["generating_in_agent_s"]),
+                "generation_alone_s": statistics.median(alone),
+                "alone_ratio_by_round": [a / g for a, g in zip(agent, alone, strict=True)],
+                "extra_s": statistics.median(extra),
+                "extra_by_round": extra,
+                "target_extra_s": value["calls_per_rollout"] * value["tool_s"] * 1.2,
+            }
+    if "agent_turns" in measured:
+        found["agent_turns"] = {
+            side: {
+                "first_16_ms": statistics.median(seconds[:16]) * 1e3,
+                "last_16_ms": statistics.median(seconds[-16:]) * 1e3,
+                "total_s": sum(seconds),
+            }
+            for side, seconds in measured["agent_turns"]["seconds"].items()
+        } | {"turns": measured["agent_turns"]["turns"]}
+    return found
+
+
 def figures(measured: dict) -> dict:
-    found = worker_figures(measured) | async_figures(measured)
+    found = worker_figures(measured) | async_figures(measured) | agent_figures(measured)
     if "step/rlx" in measured and "step/trl" in measured:
         runs = {name: measured[f"step/{name}"] for name in ("rlx", "trl")}
         steps = {name: [s for run in runs[name] for s in run["warm_step_s"]] for name in runs}
@@ -451,6 +483,7 @@ def table(results: dict) -> str:
             "process, overlapping the next step.",
         ]
     lines += async_table(f)
+    lines += agent_table(f)
     if "scaling" in f:
         lines += ["", "| Scaling (prompts × 8 responses, tokens each) | Warm step | Peak RSS |", "|---|---|---|"]
         for name, s in f["scaling"].items():
@@ -511,6 +544,40 @@ def async_table(f: dict) -> list[str]:
             f"{', '.join(f'{r:.2f}' for r in s['pair_ratios'])}) | ≤ {s['target']:.2f}× (goal {s['goal']:.1f}×): "
             f"{verdict(s['ratio'] <= s['target'])} |"
         )
+    return lines
+
+
+def agent_table(f: dict) -> list[str]:
+    """The agent loop's cost over generation, by model size, and its cost per turn as a conversation grows."""
+    lines = []
+    for name in sorted(n for n in f if n.startswith("agent_overhead/")):
+        a = f[name]
+        if not lines:
+            lines += [
+                "",
+                "| Agent rollouts, every response 2 tool calls of 50 ms (greedy) | Agent loop (its generate calls) "
+                "| Same generate calls alone (agent ÷ alone by round) | Added to its generate calls | Target |",
+                "|---|---|---|---|---|",
+            ]
+        lines.append(
+            f"| {name.split('/')[1]} model ({a['parameters'] / 1e6:.2f} M), {a['rollouts']} rollouts, "
+            f"{a['model_tokens']:,} model tokens | {a['agent_s']:.2f} s ({a['generating_in_agent_s']:.2f} s) "
+            f"| {a['generation_alone_s']:.2f} s ({', '.join(f'{r:.2f}' for r in a['alone_ratio_by_round'])}) "
+            f"| {a['extra_s']:.3f} s (rounds: {', '.join(f'{x:.3f}' for x in a['extra_by_round'])}) "
+            f"| ≤ {a['target_extra_s']:.2f} s: {verdict(a['extra_s'] <= a['target_extra_s'])} |"
+        )
+    if "agent_turns" in f:
+        t = f["agent_turns"]
+        lines += [
+            "",
+            f"| The loop's own work per turn, {t['turns']}-turn conversation | Turns 1-16 | Last 16 turns | All turns |",
+            "|---|---|---|---|",
+            *(
+                f"| {side} | {s['first_16_ms']:.2f} ms | {s['last_16_ms']:.2f} ms | {s['total_s']:.2f} s |"
+                for side, s in t.items()
+                if side != "turns"
+            ),
+        ]
     return lines
 
 

@@ -1,5 +1,6 @@
 """Tools and environments used by the agent tests, loaded by name as a user's own would be."""
 
+import os
 import time
 
 
@@ -63,3 +64,43 @@ class Counter:
 
     def reward(self) -> float:
         return float(self.count)
+
+
+class Picky(Counter):
+    """An environment whose ``reset`` fails on some rows (a user's bug), as the rollout of such a row must survive."""
+
+    def reset(self, row: dict) -> str:
+        if row["ground_truth"].startswith("-"):
+            raise ValueError(f"cannot count to {row['ground_truth']}")
+        return super().reset(row)
+
+
+TOOL_LOG = "tool_calls.log"  # in the working directory of the process that calls the tool
+
+
+def ping() -> str:
+    """Answer "pong", noting the call (with the caller's pid) in a log, so a test sees every call made."""
+    with open(TOOL_LOG, "a") as log:
+        log.write(f"{os.getpid()}\n")
+    return "pong"
+
+
+def pause() -> str:
+    """Wait 50 ms, as a tool that calls a service would, then answer."""
+    time.sleep(0.05)
+    return "ok"
+
+
+class Recorded:
+    """A sampler whose ``generate`` calls are kept (contexts, parameters, seeds) and timed: what an agent
+    loop asked the model for, turn by turn, to check or to make again without the tools between the turns."""
+
+    def __init__(self, sampler):
+        self.sampler, self.calls, self.seconds = sampler, [], []
+
+    def generate(self, prompts, params, seed):
+        self.calls.append((prompts, params, seed))
+        started = time.perf_counter()
+        generated = self.sampler.generate(prompts, params, seed=seed)
+        self.seconds.append(time.perf_counter() - started)
+        return generated

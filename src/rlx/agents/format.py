@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rlx.errors import UserError
 
@@ -64,7 +65,7 @@ def tool_turn_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The tokens that follow a finished model turn (its end-of-turn token) when ``messages`` (tool
     results) come next, up to and including the prompt for the model's next turn: what the chat
     template writes after the model's end-of-turn token, then the messages and the generation prompt."""
-    before = tokenizer.apply_chat_template(PROBE, tokenize=False)
+    before = finished_turn(tokenizer)
     after = tokenizer.apply_chat_template(PROBE + messages, tokenize=False, add_generation_prompt=True)
     eos = tokenizer.eos_token or ""
     if not after.startswith(before) or eos not in before:
@@ -73,6 +74,13 @@ def tool_turn_ids(tokenizer, messages: list[dict]) -> list[int]:
             "follow it (or does not end it with the EOS token), so rlx cannot append tool results as tokens"
         )
     return tokenizer.encode(before[before.rindex(eos) + len(eos) :] + after[len(before) :], add_special_tokens=False)
+
+
+@lru_cache(maxsize=8)
+def finished_turn(tokenizer) -> str:
+    """A finished model turn as the chat template renders it: the same for every tool turn of a run, so
+    rendered once (a render costs about as much as the rest of a tool turn's token work)."""
+    return tokenizer.apply_chat_template(PROBE, tokenize=False)
 
 
 def shown_result(tokenizer, value: object, error: str | None, limit: int) -> tuple[str, str | None]:

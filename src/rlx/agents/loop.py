@@ -26,7 +26,10 @@ from rlx.agents.tools import Session
 from rlx.config import AgentLoopConfig, SampleParams
 from rlx.errors import UserError
 from rlx.samplers.types import Generation
+from rlx.store import faults
 from rlx.tasks.data import prompt_ids
+
+RESET_FAILED = "reset_failed"  # the finish of a rollout whose environment could not start: no turn, scored 0
 
 
 def turn_seed(row_seed: int, turn: int) -> int:
@@ -36,7 +39,8 @@ def turn_seed(row_seed: int, turn: int) -> int:
 @dataclass
 class Trajectory:
     """One multi-turn rollout; ``finish_reason`` is None while it goes on, then ``stop`` (an answer),
-    ``length`` (the response budget ran out) or ``max_turns`` (a call in the last allowed turn)."""
+    ``length`` (the response budget ran out), ``max_turns`` (a call in the last allowed turn) or
+    ``reset_failed`` (its environment's ``reset`` raised: no turn at all, ``reward_error`` says why)."""
 
     prompt_ids: list[int]
     session: Session
@@ -95,8 +99,9 @@ class AgentLoop:
         from unless its environment's ``reset`` gives another conversation."""
         try:
             session = self.toolbox.session(row)
-        except Exception as exc:  # noqa: BLE001 - the user's environment: one line, not a traceback
-            raise UserError(f"agent_loop_config.environment: reset failed ({type(exc).__name__}: {exc})") from None
+        except Exception as exc:  # noqa: BLE001 - the user's environment: its fault is counted, the run goes on
+            error = f"reset failed ({type(exc).__name__}: {exc})"
+            return Trajectory(list(ids), Session({}, None, None), finish_reason=RESET_FAILED, reward_error=error)
         if session.start is not None:
             messages = [{"role": "user", "content": session.start}] if isinstance(session.start, str) else session.start
             ids = prompt_ids(self.tokenizer, messages, self.toolbox.schemas)
@@ -141,6 +146,7 @@ class AgentLoop:
             )  # fmt: skip
         ids = tool_turn_ids(self.tokenizer, messages)[: self.budget(trajectory)]
         trajectory.append(ids, 0, [None] * len(ids))
+        faults.point("agent.tool_results")
         if self.budget(trajectory) <= 0:
             trajectory.finish_reason = "length"
 
@@ -158,7 +164,10 @@ class AgentLoop:
         return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
 
     def run(self, sampler, trajectories: list[Trajectory], seed: int) -> list[Trajectory]:
-        """Every rollout to its end, by the sampler's own agent driver (``converse``) if it has one."""
+        """Every rollout to its end, by the sampler's own agent driver (``converse``) if it has one. A
+        failed ``reset`` costs its rollout a score of 0; one that fails on every row is the run's end."""
+        if trajectories and all(t.finish_reason == RESET_FAILED for t in trajectories):
+            raise UserError(f"agent_loop_config.environment: {trajectories[0].reward_error}, on every prompt row")
         if hasattr(sampler, "converse"):
             sampler.converse(self, trajectories, seed)
         else:
@@ -192,7 +201,8 @@ def number(outcome: Outcome) -> tuple[float | None, str | None]:
 
 def tool_use(rows: list[dict], prefix: str) -> dict:
     """How agents used their tools over rollout rows (or eval samples): turns, calls, the share of
-    rollouts with a call, calls that failed or timed out, rollouts stopped at ``max_turns``."""
+    rollouts with a call, calls that failed or timed out, rollouts stopped at ``max_turns``, environments
+    whose ``reset`` failed."""
     calls = [call for row in rows for call in json.loads(row["tool_calls"])]
     return {
         f"{prefix}/turns/mean": sum(row["turns"] for row in rows) / len(rows),
@@ -201,4 +211,5 @@ def tool_use(rows: list[dict], prefix: str) -> dict:
         f"{prefix}/tool_errors": sum(call["error"] is not None for call in calls),
         f"{prefix}/tool_timeouts": sum(call["timed_out"] for call in calls),
         f"{prefix}/max_turns_frac": sum(row["finish_reason"] == "max_turns" for row in rows) / len(rows),
+        f"{prefix}/environment_errors": sum(row["finish_reason"] == RESET_FAILED for row in rows),
     }

@@ -8,9 +8,10 @@ import json
 
 import torch
 
+from rlx.agents.loop import RESET_FAILED
 from rlx.algo.shaping import overlong_penalty
 from rlx.config import RLTrainerConfig
-from rlx.judgers import Panel
+from rlx.judgers import Panel, Verdict
 
 TOKEN_COLUMNS = ("prompt_ids", "response_ids", "rollout_logprobs", "response_mask")
 VERDICT = "judgment"  # rollouts.parquet's column of the filter's verdicts, when dynamic sampling judged them
@@ -18,15 +19,18 @@ VERDICT = "judgment"  # rollouts.parquet's column of the filter's verdicts, when
 
 def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
     """Judge each row's response; returns the judgment columns, in order. Judgers see the row's
-    fields (without the token columns)."""
+    fields (without the token columns). An agent's rollout whose environment failed to start has no
+    response to judge: it scores 0, the environment's error kept as the judgment's."""
+    unstarted = [row.get("finish_reason") == RESET_FAILED for row in rows]
     items = [
-        (
-            row[text_key],
-            row["data_source"],
-            row["ground_truth"],
-            {k: v for k, v in row.items() if k not in TOKEN_COLUMNS},
-        )
-        for row in rows
+        (row[text_key], row["data_source"], row["ground_truth"], {k: row[k] for k in row if k not in TOKEN_COLUMNS})
+        for row, skipped in zip(rows, unstarted, strict=True)
+        if not skipped
+    ]
+    judged = iter(panel.judge_many(items))
+    verdicts = [
+        Verdict(0.0, {}, None, False, f"environment: {row['environment_error']}") if skipped else next(judged)
+        for row, skipped in zip(rows, unstarted, strict=True)
     ]
     return [
         {
@@ -37,7 +41,7 @@ def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
             "error": verdict.error,
             "overlong_penalty": 0.0,
         }
-        for verdict in panel.judge_many(items)
+        for verdict in verdicts
     ]
 
 

@@ -249,7 +249,7 @@ class LMDeploySampler:
         turn's ids and log-probs come back, its calls run, their results are appended as ids."""
         from rlx.agents.loop import turn_seed
 
-        for turn in range(loop.config.max_turns):
+        for turn in range(loop.config.max_turns if not trajectory.done else 0):  # (done: its reset failed)
             params = loop.params.model_copy(update={"max_tokens": loop.budget(trajectory)})
             context = trajectory.context()
             options = generation_options(self.tokenizer, params, turn_seed(row_seed, turn))

@@ -19,6 +19,7 @@ POINTS = (
     *(f"{stage}.metrics" for stage in STAGES),  # outputs written, metrics (the completion mark) not yet
     "train.optimizer_step",  # gradients accumulated, the optimizer step not yet taken
     "train.save",  # a checkpoint's policy saved, its optimizer state not yet
+    "agent.tool_results",  # an agent turn's tool results appended (rollout or evaluation), its artifact not yet written
     "replay.step",  # a recorded update re-applied, its fingerprint not yet checked
     "policy.write",  # a policy folder (HF export, materialized step) written, not yet renamed into place
     "artifact.rename",  # any artifact written under its temporary name, not yet renamed into place
