@@ -26,7 +26,7 @@ fit: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=25
 
 # Benchmarks (pytest-benchmark), not part of `make test`: they need the `bench` extra (TRL, the
 # reference), write tests/benchmarks/results.json and render README's performance table from it.
