@@ -43,13 +43,16 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFile(config, log)
 
 
-# The files whose runs take longest (`pytest --durations`), run first so that no worker is left with a
-# long file at the end while the other idles.
+# The files whose runs take longest (`pytest --durations`) go first, so that no worker is left with a
+# long file at the end while the other idles; but while the first of them builds the tiny model (minutes),
+# the files that never need it go to the other worker.
 SLOWEST_FIRST = ["test_resume.py", "test_shared_repo.py", "test_pipeline.py", *sorted(RAY_FILES), "test_notebooks.py"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: index for index, name in enumerate(SLOWEST_FIRST)}
+    needs_model = {item.path.name for item in items if "tiny_model" in item.fixturenames}
+    order = [SLOWEST_FIRST[0], *sorted({item.path.name for item in items} - needs_model), *SLOWEST_FIRST[1:]]
+    rank = {name: index for index, name in enumerate(order)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
