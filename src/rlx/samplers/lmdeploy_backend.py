@@ -240,7 +240,8 @@ class LMDeploySampler:
         self.awake()
 
         async def every():
-            await asyncio.gather(*(self._converse(loop, t, seed + index) for index, t in enumerate(trajectories)))
+            live = [(index, t) for index, t in enumerate(trajectories) if not t.done]  # done: its reset failed
+            await asyncio.gather(*(self._converse(loop, t, seed + index) for index, t in live))
 
         self._run(every())
 
@@ -249,7 +250,7 @@ class LMDeploySampler:
         turn's ids and log-probs come back, its calls run, their results are appended as ids."""
         from rlx.agents.loop import turn_seed
 
-        for turn in range(loop.config.max_turns if not trajectory.done else 0):  # (done: its reset failed)
+        for turn in range(loop.config.max_turns):
             params = loop.params.model_copy(update={"max_tokens": loop.budget(trajectory)})
             context = trajectory.context()
             options = generation_options(self.tokenizer, params, turn_seed(row_seed, turn))
