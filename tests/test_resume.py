@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import child_env, dvc_status, fit, killed_and_resumed, make_project
+from conftest import child_env, dvc_status, fit, fitted_copy, killed_and_resumed, make_project
 from rlx.errors import UserError
 from rlx.explore import Run
 from rlx.lineage.record import edit_params
@@ -82,10 +82,7 @@ def final_policy(project: Path) -> bytes:
 @pytest.fixture(scope="module")
 def reference_run(pristine, tmp_path_factory) -> Path:
     """An uninterrupted run, whose artifacts every resumed one must reproduce."""
-    project = fresh_copy(pristine, tmp_path_factory.mktemp("reference"))
-    done = fit(project)
-    assert done.returncode == 0, done.stderr
-    return project
+    return fitted_copy(pristine, tmp_path_factory.mktemp("reference"))
 
 
 @pytest.fixture(scope="module")
