@@ -3,15 +3,17 @@ and one multi-turn rollout through the real transformers backend and the rollout
 
 from __future__ import annotations
 
+import copy
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from rlx.agents.calls import run_chains
-from rlx.agents.format import parse_calls, shown_result, tool_turn_ids
+from rlx.agents.format import parse_calls, render_tool_turn, shown_results, tool_turn_ids, tool_turns_ids, turn_frame
 from rlx.agents.loop import AgentLoop, reset_row, tool_use
 from rlx.algo import advantages
 from rlx.algo.losses import policy_loss
@@ -64,20 +66,45 @@ def test_a_tool_that_raises_hangs_or_answers_wrongly_runs_no_longer_than_its_dea
     assert (slow.error, slow.timed_out, slow.seconds) == ("timeout: no result within 0.3 s", True, 0.3)
     assert (after.error, after.timed_out) == ("not run: an earlier call of this turn timed out", False)
     assert asleep.value == "awake" and 0.2 <= asleep.seconds < 0.3
-    assert shown_result(tokenizer, 42, None, 64) == (
-        "Error: the tool returned int, not text",
-        "the tool returned int, not text",
-    )
-    assert shown_result(tokenizer, "7", None, 8) == ("7", None)
-    text, error = shown_result(tokenizer, "1234567890", None, 4)
+    not_text, short, failed = shown_results(tokenizer, [(42, None), ("7", None), (None, "ValueError: no")], 64)
+    assert not_text == ("Error: the tool returned int, not text", "the tool returned int, not text")
+    assert (short, failed) == (("7", None), ("Error: ValueError: no", "ValueError: no"))
+    (text, error), (kept, _) = shown_results(tokenizer, [("1234567890", None), ("1234", None)], 4)
     note = "output cut to 4 of 10 tokens (agent_loop_config.max_tool_response_tokens)"  # digits: one token each
-    assert (text, error) == (f"1234 [Error: {note}]", note)
+    assert (text, error, kept) == (f"1234 [Error: {note}]", note, "1234")
 
 
 def test_tool_results_follow_the_model_turn_as_the_chat_template_renders_them(tokenizer):
     """After the model's end-of-turn token: the newline the template writes, the tool message, the next prompt."""
     ids = tool_turn_ids(tokenizer, [{"role": "tool", "name": "add", "content": "5"}])
     assert tokenizer.decode(ids) == "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
+
+
+CONTENTS = ["5", "", " two\nlines ", "{{ not jinja }}", "<tool_response>", "émoji 🧮"]
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+
+
+@pytest.mark.parametrize("template", ["tiny", "qwen2_5", "qwen3", "trimming"])
+def test_a_tool_turn_is_the_template_s_own_rendering_of_its_messages(tokenizer, template):
+    """The turn's frame is rendered once and the contents put in: the ids are those of rendering each turn,
+    for one result or two, with the demo's template and Qwen's (Qwen3's renders a last model turn with an
+    empty think block); a template that trims the content is rendered each time."""
+    tokenizer = copy.deepcopy(tokenizer)
+    if template == "trimming":
+        tokenizer.chat_template = tokenizer.chat_template.replace("message['content']", "(message['content'] | trim)")
+        assert "| trim" in tokenizer.chat_template
+    elif template != "tiny":
+        tokenizer.chat_template = (TEMPLATES / f"{template}.jinja").read_text()
+    pairs = zip(CONTENTS, CONTENTS[::-1], strict=True)
+    turns = [[{"role": "tool", "name": "add", "content": c}] for c in CONTENTS]
+    turns += [[{"role": "tool", "content": a}, {"role": "tool", "name": "x", "content": b}] for a, b in pairs]
+    rendered = [render_tool_turn(tokenizer, messages) for messages in turns]
+    assert tool_turns_ids(tokenizer, turns) == [tokenizer.encode(text, add_special_tokens=False) for text in rendered]
+    assert (turn_frame(tokenizer, (("tool", "add"),)) is None) == (template == "trimming")
+    qwen = "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert rendered[0] == (
+        qwen if template.startswith("qwen") else "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_an_environment_is_made_per_rollout_its_methods_are_the_tools_and_its_reward_a_judger(tokenizer):
@@ -90,7 +117,7 @@ def test_an_environment_is_made_per_rollout_its_methods_are_the_tools_and_its_re
     for trajectory, by in ((first, 2), (second, 5)):
         ids = tokenizer.encode(call.replace('"by": 2', f'"by": {by}'), add_special_tokens=False)
         calls = loop.take_turn(trajectory, Generation([], ids, "", [-1.0] * len(ids), "stop"))
-        loop.add_results(trajectory, calls, loop.chain(trajectory, calls).outcomes(config.tool_timeout))
+        loop.add_results([(trajectory, calls, loop.chain(trajectory, calls).outcomes(config.tool_timeout))])
         answer = tokenizer.encode("done<|im_end|>", add_special_tokens=False)
         assert loop.take_turn(trajectory, Generation([], answer, "done", [-1.0] * len(answer), "stop")) == []
     loop.finish([first, second])

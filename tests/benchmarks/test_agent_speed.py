@@ -132,7 +132,7 @@ def test_agent_turn_cost_by_turn(benchmark, untrained_model):
         for _ in range(TURNS):
             started = time.perf_counter()
             calls = loop.take_turn(trajectory, turn)
-            loop.add_results(trajectory, calls, [Outcome("ok")] * len(calls))
+            loop.add_results([(trajectory, calls, [Outcome("ok")] * len(calls))])
             seconds.append(time.perf_counter() - started)
         return seconds
 

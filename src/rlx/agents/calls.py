@@ -6,11 +6,16 @@ One rollout's calls of a turn form a :class:`Chain`, run one after another in on
 act on the same environment's state); the chains of different rollouts run at the same time, so a
 turn costs its slowest chain, not the sum. Each call gets ``timeout`` seconds from when the call
 before it ended; past that, it and the calls after it in its chain are given up.
+
+The threads are kept for the next turn's chains (:class:`DaemonThreads`): starting one costs about as
+much as a turn's other work for its rollout (~0.2 ms), 25 ms for a turn of 128 rollouts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +39,52 @@ def timed_out(timeout: float) -> Outcome:
 
 
 SKIPPED = Outcome(error="not run: an earlier call of this turn timed out")
+IDLE_S = 60.0  # a thread idle this long ends (a run between turns needs none of them)
+
+
+class DaemonThreads:
+    """An unbounded pool of daemon threads: a job goes to an idle thread, a new one starts only when none
+    is idle, and one idle for ``IDLE_S`` ends. A thread stuck in a hung tool is simply never idle again,
+    so it costs the pool nothing (concurrent.futures' pool joins its threads at exit and is bounded)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = 0  # threads free for a job not yet taken
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` (which must not raise) in a thread of the pool."""
+        with self._lock:
+            start = self._idle == 0
+            self._idle -= not start
+        if start:
+            threading.Thread(target=self._serve, name="rlx-tool", daemon=True).start()
+        self._jobs.put(job)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # (else a job was just given to the idle threads: stay for it)
+                        self._idle -= 1
+                        return
+                continue
+            job()
+            with self._lock:
+                self._idle += 1
+
+
+THREADS = DaemonThreads()
+
+
+def _new_pool_in_child() -> None:
+    global THREADS
+    THREADS = DaemonThreads()  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_new_pool_in_child)
 
 
 class Chain:
@@ -44,7 +95,7 @@ class Chain:
         self.ended: list[float | None] = [None] * len(calls)  # monotonic time each call ended
         self.started = time.monotonic()
         if calls:
-            threading.Thread(target=self._run, args=(calls,), name="rlx-tool", daemon=True).start()
+            THREADS.submit(lambda: self._run(calls))
 
     def _run(self, calls: list[Callable[[], object]]) -> None:
         for index, call in enumerate(calls):

@@ -17,7 +17,8 @@ from functools import lru_cache
 from rlx.errors import UserError
 
 CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
-PROBE = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]  # a finished model turn
+MODEL_TURN = "<rlx-model-turn>"
+PROBE = [{"role": "user", "content": "?"}, {"role": "assistant", "content": MODEL_TURN}]  # a finished model turn
 
 
 @dataclass(frozen=True)
@@ -63,34 +64,94 @@ def read_call(raw: str) -> tuple[str, dict]:
 
 def tool_turn_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The tokens that follow a finished model turn (its end-of-turn token) when ``messages`` (tool
-    results) come next, up to and including the prompt for the model's next turn: what the chat
-    template writes after the model's end-of-turn token, then the messages and the generation prompt."""
-    before = finished_turn(tokenizer)
-    after = tokenizer.apply_chat_template(PROBE + messages, tokenize=False, add_generation_prompt=True)
+    results) come next, up to and including the prompt for the model's next turn."""
+    return tool_turns_ids(tokenizer, [messages])[0]
+
+
+def tool_turns_ids(tokenizer, turns: list[list[dict]]) -> list[list[int]]:
+    """:func:`tool_turn_ids` of many rollouts' turns, encoded in one batch (the fast tokenizers' batch
+    encoding runs in parallel and pays the wrapper's cost once)."""
+    texts = [tool_turn_text(tokenizer, messages) for messages in turns]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def tool_turn_text(tokenizer, messages: list[dict]) -> str:
+    """What the chat template writes after the model's end-of-turn token, then the messages and the
+    generation prompt: the contents put into the turn's frame (rendered once per shape), or the whole
+    turn rendered where the template does more with a content than insert it."""
+    frame = turn_frame(tokenizer, tuple((message["role"], message.get("name")) for message in messages))
+    if frame is None:
+        return render_tool_turn(tokenizer, messages)
+    contents = [message["content"] for message in messages]
+    return "".join(piece for pair in zip(frame, contents, strict=False) for piece in pair) + frame[-1]
+
+
+STAND_INS = ("<rlx-content-{}>", " \n{{{{rlx content {}}}}}\n ")  # unlike: a template that trims or escapes shows it
+
+
+@lru_cache(maxsize=64)
+def turn_frame(tokenizer, shape: tuple[tuple[str, str | None], ...]) -> tuple[str, ...] | None:
+    """The text around the contents of a tool turn whose messages have these roles and names, or None
+    when the template renders two unlike stand-in contents other than by inserting them (rendering a
+    turn costs more than the rest of its token work, and the frame is the same for every turn)."""
+    renders = []
+    for stand_in in STAND_INS:
+        contents = [stand_in.format(index) for index in range(len(shape))]
+        messages = [
+            {"role": role, "content": content} | ({"name": name} if name else {})
+            for (role, name), content in zip(shape, contents, strict=True)
+        ]
+        renders.append((render_tool_turn(tokenizer, messages), contents))
+    (text, contents), (other_text, other_contents) = renders
+    frame = split_around(text, contents)
+    if frame is None or split_around(other_text, other_contents) != frame:
+        return None
+    return frame
+
+
+def split_around(text: str, contents: list[str]) -> tuple[str, ...] | None:
+    """The pieces of ``text`` before, between and after ``contents`` (in order), None if one is missing."""
+    pieces = []
+    for content in contents:
+        before, found, text = text.partition(content)
+        if not found:
+            return None
+        pieces.append(before)
+    return (*pieces, text)
+
+
+def render_tool_turn(tokenizer, messages: list[dict]) -> str:
+    """The chat template's rendering of a tool turn: what follows the EOS token that ends a model's turn.
+    The model's turn is found by its content, not by rendering it alone: a template may render the last
+    turn otherwise (Qwen3's adds an empty ``<think>`` block to it)."""
+    text = tokenizer.apply_chat_template(PROBE + messages, tokenize=False, add_generation_prompt=True)
     eos = tokenizer.eos_token or ""
-    if not after.startswith(before) or eos not in before:
+    _, found, after = text.partition(MODEL_TURN)
+    if not found or not eos or eos not in after:
         raise UserError(
-            "the tokenizer's chat template renders a finished assistant turn differently once tool messages "
-            "follow it (or does not end it with the EOS token), so rlx cannot append tool results as tokens"
+            "the tokenizer's chat template does not end an assistant turn with the EOS token "
+            f"({tokenizer.eos_token!r}), so rlx cannot tell where the tool results' tokens start"
         )
-    return tokenizer.encode(before[before.rindex(eos) + len(eos) :] + after[len(before) :], add_special_tokens=False)
+    return after[after.index(eos) + len(eos) :]
 
 
-@lru_cache(maxsize=8)
-def finished_turn(tokenizer) -> str:
-    """A finished model turn as the chat template renders it: the same for every tool turn of a run, so
-    rendered once (a render costs about as much as the rest of a tool turn's token work)."""
-    return tokenizer.apply_chat_template(PROBE, tokenize=False)
+def shown_results(tokenizer, results: list[tuple[object, str | None]], limit: int) -> list[tuple[str, str | None]]:
+    """(what the model is shown, the call's error) for each call's (value, error): a text result, or the
+    error as ``Error: ...``; a result that is not text is an error, and any text past ``limit`` tokens is
+    cut, which is one too. The texts are encoded in one batch."""
+    errors = [error if error is not None or isinstance(value, str) else not_text(value) for value, error in results]
+    texts = [value if error is None else f"Error: {error}" for (value, _), error in zip(results, errors, strict=True)]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return [cut(tokenizer, *shown, limit) for shown in zip(texts, errors, encoded, strict=True)]
 
 
-def shown_result(tokenizer, value: object, error: str | None, limit: int) -> tuple[str, str | None]:
-    """(what the model is shown, the call's error): a text result, or the error as ``Error: ...``; a
-    result that is not text is an error, and any text past ``limit`` tokens is cut, which is one too."""
-    if error is None and not isinstance(value, str):
-        error = f"the tool returned {type(value).__name__}, not text"
-    text = value if error is None else f"Error: {error}"
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) > limit:
-        note = f"output cut to {limit} of {len(ids)} tokens (agent_loop_config.max_tool_response_tokens)"
-        text, error = f"{tokenizer.decode(ids[:limit])} [Error: {note}]", error or note
-    return text, error
+def not_text(value: object) -> str:
+    return f"the tool returned {type(value).__name__}, not text"
+
+
+def cut(tokenizer, text: str, error: str | None, ids: list[int], limit: int) -> tuple[str, str | None]:
+    """``text`` (encoded as ``ids``) and its error, cut to ``limit`` tokens with a note if longer."""
+    if len(ids) <= limit:
+        return text, error
+    note = f"output cut to {limit} of {len(ids)} tokens (agent_loop_config.max_tool_response_tokens)"
+    return f"{tokenizer.decode(ids[:limit])} [Error: {note}]", error or note

@@ -21,7 +21,7 @@ from numbers import Real
 
 from rlx import seeds
 from rlx.agents.calls import Chain, Outcome, run_chains
-from rlx.agents.format import ToolCall, parse_calls, shown_result, tool_turn_ids
+from rlx.agents.format import ToolCall, parse_calls, shown_results, tool_turns_ids
 from rlx.agents.tools import Session
 from rlx.config import AgentLoopConfig, SampleParams
 from rlx.errors import UserError
@@ -132,23 +132,32 @@ class AgentLoop:
         """The calls that can run, started in the order the model wrote them."""
         return Chain([trajectory.session.job(call.name, call.arguments) for call in calls if call.problem is None])
 
-    def add_results(self, trajectory: Trajectory, calls: list[ToolCall], ran: list[Outcome]) -> None:
-        """Append the turn's tool messages (calls that could not run carry their problem) as tokens."""
-        outcomes, messages, limit = iter(ran), [], self.config.max_tool_response_tokens
-        for call in calls:
-            outcome = Outcome(error=call.problem) if call.problem else next(outcomes)
-            text, error = shown_result(self.tokenizer, outcome.value, outcome.error, limit)
+    def add_results(self, turns: list[tuple[Trajectory, list[ToolCall], list[Outcome]]]) -> None:
+        """Append each rollout's tool messages of its turn (the ``calls`` that could not run carry their
+        problem; the others' ``ran`` outcomes, in order) as tokens; the turns' texts are encoded together."""
+        outcomes = [every_outcome(calls, ran) for _, calls, ran in turns]
+        limit = self.config.max_tool_response_tokens
+        shown = iter(shown_results(self.tokenizer, [(o.value, o.error) for turn in outcomes for o in turn], limit))
+        messages = [self.record_calls(t, calls, ran, shown) for (t, calls, _), ran in zip(turns, outcomes, strict=True)]
+        for (trajectory, _, _), ids in zip(turns, tool_turns_ids(self.tokenizer, messages), strict=True):
+            ids = ids[: self.budget(trajectory)]
+            trajectory.append(ids, 0, [None] * len(ids))
+            faults.point("agent.tool_results")
+            if self.budget(trajectory) <= 0:
+                trajectory.finish_reason = "length"
+
+    def record_calls(self, trajectory: Trajectory, calls: list[ToolCall], ran: list[Outcome], shown) -> list[dict]:
+        """Record the turn's calls in ``trajectory.calls``; their tool messages, with ``shown`` texts."""
+        messages = []
+        for call, outcome in zip(calls, ran, strict=True):
+            text, error = next(shown)
             messages.append({"role": "tool", "name": call.name, "content": text})
             arguments = call.raw if call.problem else json.dumps(call.arguments)
             trajectory.calls.append(
                 {"turn": trajectory.turns, "tool": call.name, "arguments": arguments, "result": text,
                  "error": error, "timed_out": outcome.timed_out, "seconds": outcome.seconds}
             )  # fmt: skip
-        ids = tool_turn_ids(self.tokenizer, messages)[: self.budget(trajectory)]
-        trajectory.append(ids, 0, [None] * len(ids))
-        faults.point("agent.tool_results")
-        if self.budget(trajectory) <= 0:
-            trajectory.finish_reason = "length"
+        return messages
 
     def finish(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         """Decode each whole response and take each environment's ``reward()`` (under the tool deadline)."""
@@ -183,11 +192,18 @@ class AgentLoop:
             params = self.params.model_copy(update={"max_tokens": max(self.budget(t) for _, t in active)})
             row_seeds = [turn_seed(seed + index, turn) for index, _ in active]
             generations = sampler.generate([t.context() for _, t in active], params, seed=row_seeds)
-            pending = [(t, self.take_turn(t, g)) for (_, t), g in zip(active, generations, strict=True)]
-            pending = [(t, calls) for t, calls in pending if calls]
-            chains = [self.chain(t, calls) for t, calls in pending]
-            for (t, calls), chain in zip(pending, chains, strict=True):
-                self.add_results(t, calls, chain.outcomes(self.config.tool_timeout))
+            running = []
+            for (_, trajectory), generation in zip(active, generations, strict=True):
+                calls = self.take_turn(trajectory, generation)
+                if calls:  # its tools start now, while the other rollouts' turns are read
+                    running.append((trajectory, calls, self.chain(trajectory, calls)))
+            self.add_results([(t, calls, chain.outcomes(self.config.tool_timeout)) for t, calls, chain in running])
+
+
+def every_outcome(calls: list[ToolCall], ran: list[Outcome]) -> list[Outcome]:
+    """Each call's outcome: its problem for a call that could not run, else the next of ``ran``."""
+    outcomes = iter(ran)
+    return [Outcome(error=call.problem) if call.problem else next(outcomes) for call in calls]
 
 
 def number(outcome: Outcome) -> tuple[float | None, str | None]:

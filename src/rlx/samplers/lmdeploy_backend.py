@@ -259,7 +259,7 @@ class LMDeploySampler:
             if not calls:
                 return
             outcomes = await loop.chain(trajectory, calls).outcomes_async(loop.config.tool_timeout)
-            loop.add_results(trajectory, calls, outcomes)
+            loop.add_results([(trajectory, calls, outcomes)])
 
     def sleep(self) -> None:
         """Free the weights and the KV cache (level 2) while the trainer uses the GPU."""
