@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -72,6 +73,26 @@ def test_a_tool_that_raises_hangs_or_answers_wrongly_runs_no_longer_than_its_dea
     (text, error), (kept, _) = shown_results(tokenizer, [("1234567890", None), ("1234", None)], 4)
     note = "output cut to 4 of 10 tokens (agent_loop_config.max_tool_response_tokens)"  # digits: one token each
     assert (text, error, kept) == (f"1234 [Error: {note}]", note, "1234")
+
+
+def test_tool_threads_are_kept_for_the_next_turn_and_a_hung_one_holds_up_none(monkeypatch):
+    """A turn's chains run on the threads the turn before left idle; a thread stuck in a hung tool is
+    not given another call, so the next turn starts one more; idle threads end after IDLE_S."""
+    from helpers import agents
+    from rlx.agents import calls
+
+    monkeypatch.setattr(calls, "THREADS", calls.DaemonThreads("rlx-tool-test"))
+    monkeypatch.setattr(calls, "IDLE_S", 0.5)
+    tools = lambda: [t for t in threading.enumerate() if t.name == "rlx-tool-test"]  # noqa: E731
+    run_chains([[lambda: agents.sleepy(0.05)] for _ in range(4)], timeout=1.0)
+    assert len(tools()) == 4
+    (hung,), *quick = run_chains([[lambda: agents.sleepy(1.0)], *[[agents.pause]] * 3], timeout=0.2)
+    assert hung.timed_out and [outcome.value for (outcome,) in quick] == ["ok"] * 3
+    assert len(tools()) == 4  # the same four threads
+    (after,) = run_chains([[agents.pause]] * 4, timeout=1.0)[0]
+    assert after.value == "ok" and len(tools()) == 5  # three idle, the hung one busy: one started
+    time.sleep(1.6)  # the hung tool has ended, every thread idle past IDLE_S
+    assert tools() == []
 
 
 def test_tool_results_follow_the_model_turn_as_the_chat_template_renders_them(tokenizer):

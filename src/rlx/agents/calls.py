@@ -47,7 +47,8 @@ class DaemonThreads:
     is idle, and one idle for ``IDLE_S`` ends. A thread stuck in a hung tool is simply never idle again,
     so it costs the pool nothing (concurrent.futures' pool joins its threads at exit and is bounded)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "rlx-tool") -> None:
+        self.name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = 0  # threads free for a job not yet taken
         self._lock = threading.Lock()
@@ -58,7 +59,7 @@ class DaemonThreads:
             start = self._idle == 0
             self._idle -= not start
         if start:
-            threading.Thread(target=self._serve, name="rlx-tool", daemon=True).start()
+            threading.Thread(target=self._serve, name=self.name, daemon=True).start()
         self._jobs.put(job)
 
     def _serve(self) -> None:
