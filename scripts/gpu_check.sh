@@ -4,14 +4,15 @@
 # Sized for one H100 or H200: host copy, (a) rollout against LMDeploy's own batch inference, (b) weight
 # sync, the engine-settings sweep, the training MFU sweep and (d) 3 `rlx fit` steps, in about 8 minutes;
 # the sweeps shrink to fit (tests/gpu/test_gpu_check.py), and pytest is stopped at 9 minutes.
-# RLX_GPU_CHECK_SELECT is pytest's -k (default "not lora": the LoRA sync and LoRA steps run apart).
+# RLX_GPU_CHECK_SELECT is pytest's -k (default "not lora and not agent": the LoRA sync and LoRA steps,
+# and the agent steps, run apart: RLX_GPU_CHECK_SELECT=agent, about 2 minutes).
 # Where LMDeploy is not installed (the device has no network), the wheels of `make gpu-bundle`,
 # carried in .gpu-bundle/, are installed into a folder first (--no-index --no-deps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || echo python3 )}
 export RLX_GPU_REPORT=${RLX_GPU_REPORT:-$PWD/tests/gpu/gpu_check_$(date +%F).json}
-select=${RLX_GPU_CHECK_SELECT-not lora}
+select=${RLX_GPU_CHECK_SELECT-not lora and not agent}
 bundle=${RLX_GPU_BUNDLE:-.gpu-bundle}
 if ! "$PYTHON" -c "import lmdeploy" 2>/dev/null; then
     "$PYTHON" scripts/gpu_bundle.py size "$bundle"  # missing or too big: one line, exit 2

@@ -162,6 +162,19 @@ def test_an_agent_run_killed_in_its_rollout_resumes_exactly_and_replay_calls_no_
     assert len(log.read_text().splitlines()) == len(pids)
 
 
+def test_an_agent_runs_tool_tokens_are_masked_unscored_and_the_templates_rendering(agent_run):
+    """The uninterrupted agent run's rollouts (here, where the run is made anyway) hold what the GPU check
+    asserts of LMDeploy's (helpers.teaching.check_tool_tokens)."""
+    from transformers import AutoTokenizer
+
+    from helpers.teaching import check_tool_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(agent_run / "data/tiny-qwen3")
+    layout = RunLayout(agent_run / "runs/demo")
+    rows = [row for step in (1, 2) for row in pq.read_table(layout.step(step).rollouts).to_pylist()]
+    assert 0 < check_tool_tokens(rows, tokenizer) < len(rows)
+
+
 def truncate(data: bytes) -> bytes:
     return data[: len(data) // 2]
 

@@ -3,6 +3,7 @@ to learn them from RL in a test's time."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -23,9 +24,12 @@ AGENT_RUN = [  # configs/agent_calculator.yaml's loop, with the test tool that l
 ]
 
 
-def teach(model_dir: Path, folder: Path, examples: list[tuple[list[int], list[list[int]]]], steps: int) -> None:
+def teach(
+    model_dir: Path, folder: Path, examples: list[tuple[list[int], list[list[int]]]], steps: int, lr: float = 1e-2
+) -> None:
     """The model in ``model_dir`` trained on ``(prompt, pieces)`` examples, saved to ``folder``: the pieces
-    alternate the model's turns (in the loss) and the tools' tokens (out of it), as an agent rollout's mask."""
+    alternate the model's turns (in the loss) and the tools' tokens (out of it), as an agent rollout's mask.
+    On the GPU where there is one (load_policy's choice), in float32."""
     model = load_policy(model_dir)
     sequences, labels = [], []
     for prompt, pieces in examples:
@@ -33,9 +37,9 @@ def teach(model_dir: Path, folder: Path, examples: list[tuple[list[int], list[li
         labels.append([-100] * len(prompt) + [i if n % 2 == 0 else -100 for n, p in enumerate(pieces) for i in p])
     width = max(map(len, sequences))
     pad = lambda rows, value: torch.tensor([row + [value] * (width - len(row)) for row in rows])  # noqa: E731
-    ids, targets = pad(sequences, 0), pad(labels, -100)
-    attention = pad([[1] * len(row) for row in sequences], 0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids, targets = pad(sequences, 0).to(model.device), pad(labels, -100).to(model.device)
+    attention = pad([[1] * len(row) for row in sequences], 0).to(model.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     torch.manual_seed(0)
     for _ in range(steps):
         model(input_ids=ids, attention_mask=attention, labels=targets).loss.backward()
@@ -45,7 +49,7 @@ def teach(model_dir: Path, folder: Path, examples: list[tuple[list[int], list[li
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(folder)
 
 
-def agent_inputs(untrained_model, base: Path, problems: int = 8):
+def agent_inputs(untrained_model, base: Path, problems: int = 8, lr: float = 1e-2):
     """The untrained model's inputs for an agent run: its first ``problems`` training problems (and 4 held-out
     ones), and the model taught on each to call ``ping`` and answer with the problem's gold answer (60
     steps: sampled, it gets the call right in about half of its rollouts, so rewards vary within a
@@ -67,8 +71,41 @@ def agent_inputs(untrained_model, base: Path, problems: int = 8):
     answer = lambda row: [*encode(f"#### {row['reward_model']['ground_truth']}"), eos]  # noqa: E731
     rows = load_rows(data / "train.parquet")
     examples = [(prompt_ids(tokenizer, row["prompt"], schemas), [call, result, answer(row)]) for row in rows]
-    teach(cfg.tiny_model.output_dir, base / "model", examples, steps=60)
+    teach(cfg.tiny_model.output_dir, base / "model", examples, steps=60, lr=lr)
     shutil.copy2(cfg.tiny_model.metrics_path, base / "warm_start.json")
     tiny = cfg.tiny_model.model_copy(update={"output_dir": base / "model", "metrics_path": base / "warm_start.json"})
     task = cfg.synthetic_task.model_copy(update={"output_dir": data})
     return cfg.model_copy(update={"tiny_model": tiny, "synthetic_task": task}), metrics
+
+
+def check_tool_tokens(rows: list[dict], tokenizer) -> int:
+    """Assert what an agent run's rollouts.parquet rows must hold: the tools' tokens (mask 0) have no
+    log-prob and the model's all have one, and each turn's tool tokens are the chat template's rendering
+    of the results its calls show (cut where the response budget ran out). Returns how many rows call."""
+    from rlx.agents.format import tool_turns_ids
+
+    calling = 0
+    for row in rows:
+        assert [p is None for p in row["rollout_logprobs"]] == [m == 0 for m in row["response_mask"]]
+        calls = json.loads(row["tool_calls"])
+        turns = sorted({call["turn"] for call in calls})
+        shown = [
+            [{"role": "tool", "name": c["tool"], "content": c["result"]} for c in calls if c["turn"] == t]
+            for t in turns
+        ]
+        found = tool_runs(row)
+        assert found == [ids[: len(got)] for ids, got in zip(tool_turns_ids(tokenizer, shown), found, strict=True)]
+        calling += bool(calls)
+    return calling
+
+
+def tool_runs(row: dict) -> list[list[int]]:
+    """The response's runs of tool tokens (mask 0), in order."""
+    runs, previous = [], 1
+    for token, mask in zip(row["response_ids"], row["response_mask"], strict=True):
+        if mask == 0 and previous:
+            runs.append([])
+        if mask == 0:
+            runs[-1].append(token)
+        previous = mask
+    return runs
