@@ -121,7 +121,7 @@ def test_a_tool_turn_is_the_template_s_own_rendering_of_its_messages(tokenizer, 
     turns += [[{"role": "tool", "content": a}, {"role": "tool", "name": "x", "content": b}] for a, b in pairs]
     rendered = [render_tool_turn(tokenizer, messages) for messages in turns]
     assert tool_turns_ids(tokenizer, turns) == [tokenizer.encode(text, add_special_tokens=False) for text in rendered]
-    assert (turn_frame(tokenizer, (("tool", "add"),)) is None) == (template == "trimming")
+    assert (turn_frame(tokenizer, ((("role", "tool"), ("name", "add")),)) is None) == (template == "trimming")
     qwen = "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     assert rendered[0] == (
         qwen if template.startswith("qwen") else "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"

@@ -79,7 +79,8 @@ def tool_turn_text(tokenizer, messages: list[dict]) -> str:
     """What the chat template writes after the model's end-of-turn token, then the messages and the
     generation prompt: the contents put into the turn's frame (rendered once per shape), or the whole
     turn rendered where the template does more with a content than insert it."""
-    frame = turn_frame(tokenizer, tuple((message["role"], message.get("name")) for message in messages))
+    shape = tuple(tuple((k, v) for k, v in message.items() if k != "content") for message in messages)
+    frame = turn_frame(tokenizer, shape)
     if frame is None:
         return render_tool_turn(tokenizer, messages)
     contents = [message["content"] for message in messages]
@@ -90,17 +91,14 @@ STAND_INS = ("<rlx-content-{}>", " \n{{{{rlx content {}}}}}\n ")  # unlike: a te
 
 
 @lru_cache(maxsize=64)
-def turn_frame(tokenizer, shape: tuple[tuple[str, str | None], ...]) -> tuple[str, ...] | None:
-    """The text around the contents of a tool turn whose messages have these roles and names, or None
-    when the template renders two unlike stand-in contents other than by inserting them (rendering a
-    turn costs more than the rest of its token work, and the frame is the same for every turn)."""
+def turn_frame(tokenizer, shape: tuple[tuple[tuple[str, str], ...], ...]) -> tuple[str, ...] | None:
+    """The text around the contents of a tool turn whose messages have these fields besides their content,
+    or None when the template renders two unlike stand-in contents other than by inserting them
+    (rendering a turn costs more than the rest of its token work, and the frame is the same each turn)."""
     renders = []
     for stand_in in STAND_INS:
         contents = [stand_in.format(index) for index in range(len(shape))]
-        messages = [
-            {"role": role, "content": content} | ({"name": name} if name else {})
-            for (role, name), content in zip(shape, contents, strict=True)
-        ]
+        messages = [dict(fields, content=content) for fields, content in zip(shape, contents, strict=True)]
         renders.append((render_tool_turn(tokenizer, messages), contents))
     (text, contents), (other_text, other_contents) = renders
     frame = split_around(text, contents)
