@@ -414,7 +414,7 @@ def agent_taught(untrained_model, tmp_path_factory):
     """An agent run's inputs (helpers.teaching.agent_inputs): a random two-layer Qwen2.5-0.5B-shaped model
     (its vocabulary and layer shape, two layers) taught on the GPU to call ``ping`` and then answer, eight
     problems. A model this size learns the conversation by heart in 60 steps at lr 1e-3 (measured on
-    CPU with a 4,096-token vocabulary: every one of 64 sampled calls exact)."""
+    CPU in float32: loss 0.016, and 60 of 64 calls sampled at temperature 1 exact)."""
     from transformers import AutoTokenizer
 
     from helpers.teaching import agent_inputs
