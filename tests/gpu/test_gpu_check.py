@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_project
+from conftest import child_env, make_project
 from helpers import engine_pace, train_pace
 from rlx import config
 from rlx.algo.correction import mismatch_metrics
@@ -428,7 +428,7 @@ def agent_taught(untrained_model, tmp_path_factory):
     return taught, metrics, tokenizer
 
 
-def test_two_agent_fit_steps_with_lmdeploy(tmp_path, agent_taught):
+def test_two_agent_fit_steps_with_lmdeploy(tmp_path, agent_taught, monkeypatch):
     """Issue 30's GPU part (``RLX_GPU_CHECK_SELECT=agent``): 2 `rlx fit` steps of agent rollouts on LMDeploy
     (each rollout its own chain of requests, prefix caching on), bf16 ZeRO-2. In every rollout the tool's
     tokens are masked, have no log-prob, and are the chat template's rendering of the results shown;
@@ -438,6 +438,7 @@ def test_two_agent_fit_steps_with_lmdeploy(tmp_path, agent_taught):
     from helpers.teaching import AGENT_RUN, check_tool_tokens
 
     tokenizer = agent_taught[2]
+    monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])  # the tool (helpers.agents) in any child too
     overrides = [*PIPELINE, *AGENT_RUN, "dataflow_config.global_batch_size=8", "rollout_steps=2"]
     REPORT["agent"] = fit_on_gpu(tmp_path, agent_taught, [*overrides, "evaluator_config.enable_evaluate=false"])
     layout = RunLayout(Path(REPORT["agent"]["work_dir"]))
