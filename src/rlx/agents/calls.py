@@ -39,7 +39,7 @@ def timed_out(timeout: float) -> Outcome:
 
 
 SKIPPED = Outcome(error="not run: an earlier call of this turn timed out")
-IDLE_S = 60.0  # a thread idle this long ends: between two steps' rollouts the pool keeps none
+IDLE_S = 60.0  # a thread idle this long ends: the threads of a turn with many calls do not stay for the run
 
 
 class DaemonThreads:
