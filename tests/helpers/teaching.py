@@ -83,6 +83,7 @@ def check_tool_tokens(rows: list[dict], tokenizer) -> int:
     log-prob and the model's all have one, and each turn's tool tokens are the chat template's rendering
     of the results its calls show (cut where the response budget ran out). Returns how many rows call."""
     from rlx.agents.format import tool_turns_ids
+    from rlx.explore import segments
 
     calling = 0
     for row in rows:
@@ -93,19 +94,7 @@ def check_tool_tokens(rows: list[dict], tokenizer) -> int:
             [{"role": "tool", "name": c["tool"], "content": c["result"]} for c in calls if c["turn"] == t]
             for t in turns
         ]
-        found = tool_runs(row)
+        found = [ids for trained, ids in segments(row["response_ids"], row["response_mask"]) if not trained]
         assert found == [ids[: len(got)] for ids, got in zip(tool_turns_ids(tokenizer, shown), found, strict=True)]
         calling += bool(calls)
     return calling
-
-
-def tool_runs(row: dict) -> list[list[int]]:
-    """The response's runs of tool tokens (mask 0), in order."""
-    runs, previous = [], 1
-    for token, mask in zip(row["response_ids"], row["response_mask"], strict=True):
-        if mask == 0 and previous:
-            runs.append([])
-        if mask == 0:
-            runs[-1].append(token)
-        previous = mask
-    return runs

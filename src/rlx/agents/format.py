@@ -69,9 +69,13 @@ def tool_turn_ids(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def tool_turns_ids(tokenizer, turns: list[list[dict]]) -> list[list[int]]:
-    """:func:`tool_turn_ids` of many rollouts' turns, encoded in one batch (the fast tokenizers' batch
-    encoding runs in parallel and pays the wrapper's cost once)."""
-    texts = [tool_turn_text(tokenizer, messages) for messages in turns]
+    """:func:`tool_turn_ids` of many rollouts' turns, encoded in one batch."""
+    return encoded(tokenizer, [tool_turn_text(tokenizer, messages) for messages in turns])
+
+
+def encoded(tokenizer, texts: list[str]) -> list[list[int]]:
+    """The texts' ids in one batch call: a fast tokenizer encodes them in parallel and its wrapper's
+    cost is paid once, not per text (a turn of 128 rollouts has 128 results and 128 tool turns)."""
     return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
@@ -139,8 +143,7 @@ def shown_results(tokenizer, results: list[tuple[object, str | None]], limit: in
     cut, which is one too. The texts are encoded in one batch."""
     errors = [error if error is not None or isinstance(value, str) else not_text(value) for value, error in results]
     texts = [value if error is None else f"Error: {error}" for (value, _), error in zip(results, errors, strict=True)]
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    return [cut(tokenizer, *shown, limit) for shown in zip(texts, errors, encoded, strict=True)]
+    return [cut(tokenizer, *shown, limit) for shown in zip(texts, errors, encoded(tokenizer, texts), strict=True)]
 
 
 def not_text(value: object) -> str:
