@@ -1,5 +1,5 @@
-"""Running tool calls under ``agent_loop_config.tool_timeout``, the way judgers run under theirs
-(rlx.judgers.deadline): a thread cannot be stopped, so calls run in daemon threads that the caller
+"""Running tool calls under ``agent_loop_config.tool_timeout`` (judgers run under theirs in the same
+threads, rlx.judgers.deadline): a thread cannot be stopped, so calls run in daemon threads that the caller
 waits on until the deadline and then abandons (they never hold up the process's exit).
 
 One rollout's calls of a turn form a :class:`Chain`, run one after another in one thread (they may

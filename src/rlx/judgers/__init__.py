@@ -27,7 +27,7 @@ from numbers import Real
 from rlx.config import JudgerConfig
 from rlx.errors import UserError
 from rlx.judgers.custom import CustomJudger
-from rlx.judgers.deadline import DeadlineRunner
+from rlx.judgers.deadline import call_within
 from rlx.judgers.environment import EnvironmentJudger
 from rlx.judgers.format import FormatJudger
 from rlx.judgers.math import MathJudger
@@ -159,7 +159,6 @@ class Panel:
 
     config: JudgerConfig
     seats: list[Seat] = field(init=False)
-    runner: DeadlineRunner = field(init=False, default_factory=DeadlineRunner)
 
     def __post_init__(self) -> None:
         self.seats = [
@@ -193,7 +192,7 @@ class Panel:
                 if getattr(seat.judger, "batched", False):
                     batched.setdefault(seat.name, (seat, []))[1].append(index)
                 elif seat.judger.in_process:
-                    outcome = self.runner.call(self.config.timeout, safe_score, seat.judger, response, gold, row)
+                    outcome = call_within(self.config.timeout, safe_score, seat.judger, response, gold, row)
                     results[index][seat.name] = outcome
                 else:
                     task = worker_pool().apply_async(safe_score, (seat.judger, response, gold, row))

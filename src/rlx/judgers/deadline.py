@@ -1,44 +1,25 @@
 """``judger_config.timeout`` for judgers that run in this process.
 
-A thread cannot be stopped, so each call runs in a daemon thread that the caller waits on for at
-most the timeout; a call past it scores 0 with a timeout error (as in a worker process), and its
-thread is abandoned (a daemon, it never holds up the process's exit) for a fresh one.
+A thread cannot be stopped, so each call runs in a daemon thread of the pool the agents' tool calls run
+in (:class:`rlx.agents.calls.DaemonThreads`), which the caller waits on for at most the timeout; a call
+past it scores 0 with a timeout error (as in a worker process), and its thread is left to it (a daemon,
+it never holds up the process's exit) while the next call goes to another.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from rlx.agents import calls
 
-class DeadlineRunner:
-    """Runs calls one at a time in a daemon thread, each under a deadline."""
 
-    def __init__(self) -> None:
-        self._calls: queue.SimpleQueue | None = None
-
-    def _start(self) -> queue.SimpleQueue:
-        calls: queue.SimpleQueue = queue.SimpleQueue()
-
-        def serve() -> None:
-            while True:
-                function, args, future = calls.get()
-                future.set_result(function(*args))
-
-        threading.Thread(target=serve, name="rlx-judge", daemon=True).start()
-        return calls
-
-    def call(self, timeout: float, function: Callable[..., tuple], *args) -> tuple:
-        """``function(*args)`` (which must not raise), or ``(0.0, None, 'timeout: ...')`` after ``timeout`` s."""
-        if self._calls is None:
-            self._calls = self._start()
-        future: Future = Future()
-        self._calls.put((function, args, future))
-        try:
-            return future.result(timeout=timeout)
-        except FutureTimeout:
-            self._calls = None  # the thread is stuck in the judger: leave it, the next call starts another
-            return 0.0, None, f"timeout: no score within {timeout} s"
+def call_within(timeout: float, function: Callable[..., tuple], *args) -> tuple:
+    """``function(*args)`` (which must not raise), or ``(0.0, None, 'timeout: ...')`` after ``timeout`` s."""
+    future: Future = Future()
+    calls.THREADS.submit(lambda: future.set_result(function(*args)))  # (the pool as it is now: a fork renews it)
+    try:
+        return future.result(timeout=timeout)
+    except FutureTimeout:
+        return 0.0, None, f"timeout: no score within {timeout} s"
