@@ -242,9 +242,12 @@ def test_settings_that_cannot_act_here_are_refused_or_warned_once(recwarn):
         check_setup(
             config.load(PARAMS, ["rollout_config.context_length=256", "rollout_config.extra_engine_args={a: 1}"])
         )
-    with pytest.raises(UserError, match=r"^train_worker_cfg.deepspeed.zero_stage 3 with resources.num_workers > 1"):
-        check_setup(config.load(PARAMS, ["train_worker_cfg.deepspeed.zero_stage=3", "resources.num_workers=2"]))
-    check_setup(config.load(PARAMS, ["resources.num_workers=2"]))  # the cluster's devices are checked when it is joined
+    zero3 = "train_worker_cfg.deepspeed.zero_stage=3"
+    with pytest.raises(UserError, match=r"^train_worker_cfg.deepspeed.zero_stage 3 with train_worker_cfg.lora: "):
+        check_setup(config.load(PARAMS, [zero3, "train_worker_cfg.lora={rank: 4}"]))
+    check_setup(
+        config.load(PARAMS, [zero3, "resources.num_workers=2"])
+    )  # the cluster's devices are checked when it is joined
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match=r"^resources.accelerator 'GPU': torch sees no CUDA device here"):
             check_setup(config.load(PARAMS, ["resources.accelerator=GPU"]))

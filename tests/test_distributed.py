@@ -26,6 +26,8 @@ from rlx.stages import run_stage
 from rlx.stages.train import replay
 from rlx.store.artifacts import read_rows
 from rlx.training import distributed
+from rlx.training.loading import load_policy
+from rlx.training.trainer import PolicyTrainer
 from rlx.workers import cluster, group, reaper
 
 ray = pytest.importorskip("ray")
@@ -60,6 +62,25 @@ def test_prompts_are_dealt_in_whole_groups_of_about_equal_work():
     assert group.shares(groups, 2, 3) == [(0, 4), (4, 8), (8, 12)]
     assert group.shares(groups, 2, 5)[-1][1] == 12  # more engines than groups: some get nothing
     assert all(start in (0, 4, 8, 12) for start, _ in group.shares(groups, 2, 5))
+
+
+def test_zero3_weights_are_read_whole_a_bucket_at_a_time(untrained_model, tmp_path, monkeypatch):
+    """Under ZeRO-3 the trainer's module holds pieces only; its weights read whole, in buckets of a bounded
+    size (one gather each), are the policy it loaded, tied weights and all, in ``state_dict``'s order."""
+    import deepspeed
+
+    folder = untrained_model[0].tiny_model.output_dir
+    worker = rlx_config.load(None, ["train_worker_cfg.deepspeed.zero_stage=3"]).train_worker_cfg
+    trainer = PolicyTrainer(worker, folder, tmp_path / "none", 4, base_dir=folder)
+    assert trainer.partitioned and trainer.module.get_input_embeddings().weight.numel() == 0
+    gathers, gather = [], deepspeed.zero.GatheredParameters
+    monkeypatch.setattr(deepspeed.zero, "GatheredParameters", lambda ps: gathers.append(len(ps)) or gather(ps))
+    whole = dict(trainer.gathered_weights(limit=32 * 64 * 4))  # an MLP projection's bytes a bucket
+    expected = load_policy(folder).state_dict()
+    assert list(whole) == list(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(whole[name], tensor), name
+    assert len(gathers) > 3 and sum(gathers) <= len(list(trainer.module.parameters())) + 1  # a tied weight twice
 
 
 def test_a_request_the_cluster_cannot_hold_is_named():
@@ -103,7 +124,9 @@ def rolled_out_project(base, tiny_model):
 
 
 def roll_out_and_train(project, *overrides):
-    """Step 1's rollout, judge, update and checkpoint, in one process or on the workers ``overrides`` ask for."""
+    """Step 1's rollout, judge, update and checkpoint, in one process or on the workers ``overrides`` ask for;
+    then what the policies before and after the update, as the engines hold them, sample for step 1's prompts
+    from one seed."""
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml", [*overrides, "checkpoint_interval=1"])
         with group.warm_engines(config) as engines:
@@ -111,32 +134,40 @@ def roll_out_and_train(project, *overrides):
             metrics = {
                 name: run_stage(name, config, 1, engines) for name in ("rollout", "judge", "train", "checkpoint")
             }
-    rollouts = read_rows(project / "runs/demo/step-1/rollouts.parquet")
-    return metrics["train"], load_file(project / "runs/demo/step-1/policy/model.safetensors"), rollouts, places
+            rollouts = read_rows(project / "runs/demo/step-1/rollouts.parquet")
+            prompts, params = [r["prompt_ids"] for r in rollouts], config.dataflow_config.sample_params
+            sampled = [[g.response_ids for g in engines.sampler(k).generate(prompts, params, seed=1)] for k in (1, 0)]
+    policy = load_file(project / "runs/demo/step-1/policy/model.safetensors")
+    return metrics["train"], policy, [rollouts, sampled], places
 
 
-def test_two_workers_on_two_nodes_sample_and_train_as_one_process(tmp_path, tiny_model, two_nodes):
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_two_workers_on_two_nodes_sample_and_train_as_one_process(tmp_path, tiny_model, two_nodes, zero_stage):
     """Prompts dealt to two engines sample the same responses as one engine; two judge actors give the
     verdicts the driver gives; the same global batch gives the same loss and update on two ranks as in
-    one process (up to float summation order)."""
+    one process (up to float summation order), and the updated policy samples as one process's does.
+    Under ZeRO-3 each rank holds a piece of every weight and samples from a whole copy gathered in buckets."""
     one = rolled_out_project(tmp_path / "one", tiny_model)
     two = tmp_path / "two"
     shutil.copytree(one, two)
     # mini-batches of 2 micro-batches each, so each rank gets real work
     overrides = ["train_worker_cfg.pack_max_length=256", "train_worker_cfg.optimizer_steps=2"]
-    single, single_weights, single_rollouts, _ = roll_out_and_train(one, *overrides)
+    single, single_weights, single_responses, _ = roll_out_and_train(one, *overrides)
     workers = [
         f"resources.ray_address={two_nodes}",
         "resources.num_workers=2",
         "resources.pg_pack_strategy=STRICT_SPREAD",
         "resources.num_cpus_per_worker=0.5",
+        f"train_worker_cfg.deepspeed.zero_stage={zero_stage}",
         "cpu_resources={num_workers: 2, num_cpus_per_worker: 0.5}",  # and the judging in two CPU actors
     ]
-    double, double_weights, double_rollouts, places = roll_out_and_train(two, *overrides, *workers)
+    double, double_weights, double_responses, places = roll_out_and_train(two, *overrides, *workers)
     assert read_rows(two / "runs/demo/step-1/judged.parquet") == read_rows(one / "runs/demo/step-1/judged.parquet")
 
     assert len({place["node_id"] for place in places}) == 2  # one worker on each node
-    assert [r["response_ids"] for r in double_rollouts] == [r["response_ids"] for r in single_rollouts]
+    assert [r["response_ids"] for r in double_responses[0]] == [r["response_ids"] for r in single_responses[0]]
+    (after, before), (single_after, _) = double_responses[1], single_responses[1]
+    assert after == single_after and after != before  # sampled from the updated policy, gathered whole
     assert single["train/world_size"] == 1 and double["train/world_size"] == 2
     assert double["train/rank_weight_spread"] == 0.0
     clip = [f"train/clipfrac{part}" for part in ("", "_low", "_high", "_dual")]
@@ -187,3 +218,19 @@ def test_a_killed_worker_and_a_killed_driver_lose_nothing_and_leave_no_ray_behin
     assert final_policy(interrupted) == final_policy(base)
     assert dvc_status(interrupted) == {}
     assert reaper.marked("") == []  # nor did the run whose worker was killed
+
+    # an unsaved step re-created by replay on as many workers as trained it (its fingerprint checked)
+    materialized = subprocess.run(
+        [*FIT[:3], "materialize", "runs/demo", "--step", "2"], cwd=base, env=child_env(), capture_output=True, text=True
+    )
+    assert materialized.returncode == 0, materialized.stderr[-3000:]
+    assert (base / "runs/demo/materialized/step-2/model.safetensors").is_file()
+
+
+def test_a_ray_address_nothing_answers_is_one_line_not_a_wait():
+    config = rlx_config.load(
+        PARAMS, ["resources.num_workers=2", f"resources.ray_address=127.0.0.1:{distributed.free_port()}"]
+    )
+    with pytest.raises(UserError, match=r"^resources.ray_address '127.0.0.1:\d+': no Ray cluster answers there \(Conn"):
+        with cluster.ray_instance(config):
+            pass

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
+
+import torch
 
 from rlx import clock, seeds
 from rlx.config import RLTrainerConfig
@@ -52,6 +54,7 @@ class Engines:
         self._trainer_step: int | None = None
         self._policy = None
         self._policy_step: int | None = None
+        self._whole, self._whole_step = None, None  # under ZeRO-3: the trainer's policy gathered whole, to sample from
         self._lmdeploy = None  # the run's LMDeploy engine, once started
         self._lmdeploy_step: int | None = None
         self.replay_seconds = 0.0  # spent re-creating policies from checkpoints (`rlx fit` logs it as time/replay)
@@ -84,7 +87,7 @@ class Engines:
         """The policy after ``step`` training steps (step 0: the base model), for generation: the
         trainer's module when it holds that step, else the step's checkpoint, else replayed."""
         if self._trainer_step == step:
-            return self._trainer.module
+            return self.trainers_policy()
         if self._policy_step != step:
             if step in self.layout.checkpoints():
                 folder = self.layout.step(step).policy
@@ -92,9 +95,33 @@ class Engines:
             elif step == 0:  # before checkpoint 0 is written (a cold `dvc repro` may run it later)
                 self._policy = self.load(self.config.load_from)
             else:
-                self._policy = self.trainer(step).module
+                self.trainer(step)
+                return self.trainers_policy()
             self._policy_step = step
         return self._policy
+
+    def trainers_policy(self):
+        """The policy the trainer holds: its module, or under ZeRO-3 a whole copy gathered from its pieces
+        (once per step, on every rank together), since generation runs a different number of forwards on
+        each rank, which ZeRO-3's per-layer gathers cannot follow."""
+        if not self._trainer.partitioned:
+            return self._trainer.module
+        if self._whole_step != self._trainer_step:
+            if self._whole is None:
+                self._whole = self.blank_policy()
+            targets = self._whole.state_dict(keep_vars=True)
+            with torch.no_grad():
+                for name, tensor in self._trainer.gathered_weights():
+                    targets[name].copy_(tensor)
+            self._whole_step = self._trainer_step
+        return self._whole
+
+    def policy_weights(self, step: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy after ``step`` steps as the plain model's weights by name (a LoRA policy merged), read as
+        they are sent: under ZeRO-3 gathered straight from the trainer (every rank must read them)."""
+        if self._trainer_step == step and self._trainer.partitioned:
+            return self._trainer.gathered_weights()
+        return lora.full_weights(self.policy(step))
 
     def rollout_sampler(self, step: int) -> Sampler:
         """The engine that generates training rollouts from the policy after ``step`` steps: the rollout
@@ -117,9 +144,13 @@ class Engines:
         """Hold ``weights`` as the policy after ``step`` steps: what a rollout worker is given by the trainer,
         loaded into a model of the base's shape made on first use."""
         if self._policy is None:
-            self._policy = self.load(self.config.load_from, self.config.rollout_config.dtype).requires_grad_(False)
+            self._policy = self.blank_policy()
         self._policy.load_state_dict(weights)
         self._policy_step = step
+
+    def blank_policy(self):
+        """A model of the base's shape and rollout dtype, for a copy of a policy given to it weight by weight."""
+        return self.load(self.config.load_from, self.config.rollout_config.dtype).requires_grad_(False)
 
     def sampler(self, step: int) -> Sampler:
         """The rollout engine, holding the policy after ``step`` steps. LMDeploy's engine is started
@@ -137,9 +168,8 @@ class Engines:
             folder = self.layout.step(saved[-1]).policy if saved else self.base
             self._lmdeploy, self._lmdeploy_step = self.sampler_at(folder), saved[-1] if saved else 0
         if self._lmdeploy_step != step:
-            policy = lora.full_weights(self.policy(step))  # a LoRA policy merged
             with clock.part("weight_sync"):
-                self._lmdeploy.load_weights(policy)
+                self._lmdeploy.load_weights(self.policy_weights(step))
         self._lmdeploy_step = step
         return self._lmdeploy
 

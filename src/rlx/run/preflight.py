@@ -74,13 +74,11 @@ def check_setup(config: RLTrainerConfig) -> None:
     from rlx.samplers import ignored_settings
 
     resources, cuda = config.resources, torch.cuda.is_available()
-    if (
-        resources.num_workers > 1 or resources.num_rollout_workers
-    ) and config.train_worker_cfg.deepspeed.zero_stage == 3:
+    if config.train_worker_cfg.lora and config.train_worker_cfg.deepspeed.zero_stage == 3:
         raise UserError(
-            "train_worker_cfg.deepspeed.zero_stage 3 with resources.num_workers > 1 or num_rollout_workers: the "
-            "policy is sampled or sent from the trainer's module, which ZeRO-3 partitions; use zero_stage 2 (or 1 "
-            "worker and no rollout workers)"
+            "train_worker_cfg.deepspeed.zero_stage 3 with train_worker_cfg.lora: the policy is sampled from a whole "
+            "copy gathered from ZeRO-3's pieces, which rlx does not merge with an adapter; use zero_stage 2 (an "
+            "adapter's optimizer state is small) or lora: null"
         )
     if resources.accelerator == "GPU" and not cuda and not resources.on_ray:
         raise UserError("resources.accelerator 'GPU': torch sees no CUDA device here; set it to 'CPU' or run on a GPU")

@@ -25,7 +25,7 @@ import asyncio
 import base64
 import io
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from rlx.config import RolloutConfig, SampleParams
 from rlx.errors import UserError
 from rlx.samplers.transformers_backend import is_greedy, stop_ids
 from rlx.samplers.types import Generation, row_seeds
+from rlx.training.distributed import buckets
 
 BUCKET_BYTES = 1 << 30  # weights per update request: bounds the engine's transient copy
 LMDEPLOY_DTYPES = ("auto", "bfloat16", "float16")
@@ -151,20 +152,6 @@ def in_process_payload(bucket: Mapping[str, torch.Tensor]) -> str:
     buffer = io.BytesIO()
     ForkingPickler(buffer).dump(items)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def buckets(weights: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator[dict[str, torch.Tensor]]:
-    """The weights in groups of at most ``limit`` bytes (a bigger tensor goes alone), taken from
-    ``weights`` only as each group is made (merged LoRA weights are made as they are read)."""
-    bucket, size = {}, 0
-    for name, tensor in weights:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > limit:
-            yield bucket
-            bucket, size = {}, 0
-        bucket[name], size = tensor, size + nbytes
-    if bucket:
-        yield bucket
 
 
 class LMDeploySampler:

@@ -4,8 +4,8 @@ A step's own record is small (its rollouts, judgments, update numbers and a weig
 the policy of any step is re-created from the newest checkpoint before it by replaying the recorded
 updates (``Engines.trainer``). So weights are written only here: at step 0 (the base model and an
 empty optimizer state, the root every replay can start from), every ``checkpoint_interval`` steps
-and at the last step. With several workers every step is a checkpoint, written by the training
-ranks themselves: they live for one step only, and the next step's ranks start from the files.
+and at the last step. With several workers the training ranks write it themselves, each its shard
+of the optimizer state, rank 0 the policy.
 
 `rlx fit` first copies the trainer's state to host memory (``PolicyTrainer.snapshot``), then runs this
 stage in a background thread, which writes the copy while the next steps run. Outputs: ``policy/`` (HF

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -86,6 +86,21 @@ def atomic_dir_on_all_ranks(path: Path) -> Iterator[Path]:
         yield shared[0]
         barrier()  # everyone has written before rank 0 renames
     barrier()  # and the rename is done before anyone reads
+
+
+def buckets(tensors: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Named tensors in consecutive groups of at most ``limit`` bytes (a bigger tensor goes alone), taken
+    from ``tensors`` only as each group is made. A ZeRO-3 parameter counts at its whole size
+    (``ds_numel``), which its partitioned tensor no longer shows."""
+    bucket, size = {}, 0
+    for name, tensor in tensors:
+        nbytes = getattr(tensor, "ds_numel", tensor.numel()) * tensor.element_size()
+        if bucket and size + nbytes > limit:
+            yield bucket
+            bucket, size = {}, 0
+        bucket[name], size = tensor, size + nbytes
+    if bucket:
+        yield bucket
 
 
 def free_port() -> int:

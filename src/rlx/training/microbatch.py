@@ -14,7 +14,7 @@ from rlx.algo.correction import importance_weights
 from rlx.algo.losses import aggregate, policy_loss
 from rlx.config import LossConfig, RLTrainerConfig, RolloutCorrectionConfig
 from rlx.training import distributed
-from rlx.training.trainer import TokenBatch, token_logprobs
+from rlx.training.trainer import TokenBatch
 
 
 def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
@@ -49,7 +49,7 @@ class Micro:
 
 def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, norm_length: int):
     """The micro-batch's share of its mini-batch loss, and its metrics (scalars, zero for a repeat)."""
-    logp, entropy = token_logprobs(trainer.module, micro.batch, temperature)
+    logp, entropy = trainer.scored(micro.batch, temperature)
     if micro.old_logp is None:  # the batch's only update: the policy has not moved yet (see reuses_old_logprobs)
         micro.old_logp = logp.detach()
         micro.token_weights = correction_weights(loss_cfg.rollout_correction, micro)

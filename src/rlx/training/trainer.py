@@ -12,6 +12,7 @@ import copy
 import inspect
 import math
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from rlx.training.safe_checkpoint import SnapshotCheckpointEngine
 
 DEEPSPEED_TAG = "state"
+GATHER_BUCKET_BYTES = 1 << 28  # weights per ZeRO-3 gather when the policy is read whole
 
 
 @dataclass
@@ -71,7 +73,9 @@ class TokenBatch:
         return int(scored[0]) if len(scored) else self.mask.shape[1]
 
 
-def token_logprobs(model, batch: TokenBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model, batch: TokenBatch, temperature: float = 1.0, forward=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each next token and the entropy of each next-token distribution: ``[B, T - 1]`` each,
     0 before the batch's first response token.
 
@@ -80,12 +84,12 @@ def token_logprobs(model, batch: TokenBatch, temperature: float = 1.0) -> tuple[
     a prompt's logits, and at a real vocabulary (151 k for Qwen) they were most of the update's
     activation memory. The vocabulary-wide work runs where the model is; the two results come back to
     the CPU, where the loss is assembled with the batch's other tensors (the copy is part of the
-    autograd graph)."""
+    autograd graph). ``forward``: what runs the model (default: the model itself)."""
     device = model.device
     input_ids = batch.input_ids.to(device)
     start = batch.first_scored if takes_logits_to_keep(model) else 0
     keep = {"logits_to_keep": input_ids.shape[1] - start} if start else {}
-    outputs = model(input_ids=input_ids, attention_mask=batch.attention_mask.to(device), **keep)
+    outputs = (forward or model)(input_ids=input_ids, attention_mask=batch.attention_mask.to(device), **keep)
     logp_all = torch.log_softmax(outputs.logits[:, :-1].float() / temperature, dim=-1)
     logp = logp_all.gather(-1, input_ids[:, start + 1 :].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
@@ -219,6 +223,11 @@ class PolicyTrainer:
         self.engine.module.eval()
         return token_logprobs(self.engine.module, batch, temperature)[0]
 
+    def scored(self, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`token_logprobs` for the loss, the forward run by DeepSpeed's engine: ZeRO-3 counts a step's
+        micro-batches there, and without it each backward replaced the gradients of the ones before."""
+        return token_logprobs(self.engine.module, batch, temperature, forward=self.engine)
+
     @torch.no_grad()
     def reference_logprobs(self, batch: TokenBatch, temperature: float, frozen) -> torch.Tensor:
         """The KL reference's log-probs: under LoRA this very module with its adapter switched off (the base,
@@ -271,6 +280,24 @@ class PolicyTrainer:
         norm = self.engine.get_global_grad_norm()
         skipped = int(self.engine.skipped_steps > skipped_before)
         return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr, "skipped": skipped}
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether ZeRO-3 holds the weights in pieces (on every rank, one rank included): outside a gather the
+        module's parameters are empty, so it cannot be sampled from or read as it is."""
+        return self.engine.zero_optimization_stage() == 3
+
+    def gathered_weights(self, limit: int = GATHER_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+        """The whole policy's tensors by their ``state_dict`` names, ZeRO-3's pieces gathered a bucket of
+        ``limit`` bytes at a time: one collective per bucket rather than one per parameter, and never the
+        whole model at once. Each is a copy out of its gather. Every rank must read them all (the gathers
+        are collective)."""
+        import deepspeed
+
+        for bucket in distributed.buckets(self.module.state_dict(keep_vars=True).items(), limit):
+            pieces = {id(t): t for t in bucket.values() if hasattr(t, "ds_id")}  # a tied weight once
+            with deepspeed.zero.GatheredParameters(list(pieces.values())):
+                yield from ((name, tensor.detach().clone()) for name, tensor in bucket.items())
 
     def full_parameters(self):
         """A context in which every rank holds the whole policy (ZeRO-3 gathers its partitions)."""
