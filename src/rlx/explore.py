@@ -168,9 +168,6 @@ class Run:
         """A HF folder with step ``step``'s policy: its checkpoint if it has one (and no ``out`` is asked
         for), else re-created by replay into ``out`` (default ``<work_dir>/materialized/step-N``, reused
         while its files are what was written for the step's recorded fingerprint)."""
-        from rlx.config import load
-        from rlx.engines import Engines
-        from rlx.stages.train import replay
         from rlx.training.lora import is_adapter
 
         paths = self.layout.step(step)
@@ -181,12 +178,30 @@ class Run:
             if (problem := unlike_what_was_written(folder, paths)) is None:
                 return folder
             log.warning("%s; writing it again", problem)
-        engines = Engines(load(self.layout.config, [f"work_dir={self.work_dir}"]), replay)
-        if out is None and step in self.layout.checkpoints() and not is_adapter(paths.policy):
-            engines.policy(step)  # its weights checked against the step's fingerprint
-            return paths.policy  # (a LoRA checkpoint holds an adapter: it is merged into ``folder``)
-        mark = {"made_by": MATERIALIZE, "step": step, "fingerprint": file_hash(paths.weights_fingerprint)}
-        return engines.write_policy(step, folder, mark)
+        with self.trainers() as engines:
+            if out is None and step in self.layout.checkpoints() and not is_adapter(paths.policy):
+                engines.policy(step)  # its weights checked against the step's fingerprint
+                return paths.policy  # (a LoRA checkpoint holds an adapter: it is merged into ``folder``)
+            mark = {"made_by": MATERIALIZE, "step": step, "fingerprint": file_hash(paths.weights_fingerprint)}
+            return engines.write_policy(step, folder, mark)
+
+    def trainers(self):
+        """The run's trainers, to re-create a policy: in this process, or a group of as many workers as the run
+        trained on (summed over that many ranks, its updates replay bitwise only there), without its judge
+        actors or rollout workers."""
+        from rlx.config import load
+        from rlx.workers.cluster import unanswered
+        from rlx.workers.group import warm_engines
+
+        alone = [f"work_dir={self.work_dir}", "cpu_resources=null", "resources.num_rollout_workers=0"]
+        alone.append("display_all_workers_log=false")  # a run whose only actors were those has none here
+        config = load(self.layout.config, alone)
+        if (address := config.resources.ray_address) and (problem := unanswered(address)):
+            log.warning(
+                "the run's Ray cluster %s is gone (%s): its workers are started on this machine", address, problem
+            )
+            config = load(self.layout.config, [*alone, "resources.ray_address=null"])
+        return warm_engines(config)
 
     def eval_samples(self, step: int) -> pd.DataFrame:
         paths = self.layout.step(step)

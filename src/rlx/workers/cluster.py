@@ -13,18 +13,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 from rlx.config import RLTrainerConfig
-from rlx.errors import UserError
+from rlx.errors import UserError, first_line
 from rlx.workers.reaper import MARK
 
 log = logging.getLogger(__name__)
 
 INSTALL = "pip install 'ray==2.58.0'"  # the release rlx's worker group is written and tested against
+RAY_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # where `ray start` leaves its address, which "auto" reads
+CONNECT_SECONDS = 10  # how long a ray_address's GCS port may take to accept a connection
 
 
 def import_ray():
@@ -84,10 +88,18 @@ def ray_instance(config: RLTrainerConfig) -> Iterator[object]:
     request for more CPUs, GPUs or memory than the cluster has."""
     ray = import_ray()
     address = config.resources.ray_address
+    if address and (problem := unanswered(address)):
+        raise UserError(
+            f"resources.ray_address {address!r}: no Ray cluster answers there ({problem}); start one with "
+            "`ray start --head` (README: Several GPUs and nodes), or set it to null to start one for the run"
+        )
     reaper = None if address else start_reaper()
     try:
         # "local": a new instance even where `ray start` left one running (plain None would join it)
-        ray.init(address=address or "local", include_dashboard=False, configure_logging=False)
+        try:
+            ray.init(address=address or "local", include_dashboard=False, configure_logging=False)
+        except ConnectionError as exc:
+            raise UserError(f"resources.ray_address {address!r}: {first_line(exc)}") from None
         os.environ.pop(MARK, None)  # the instance's processes carry it; the driver's later children need not
         if problem := shortfall(wanted(config), ray.cluster_resources()):
             judges = ", with cpu_resources' judge actors" if config.cpu_resources else ""
@@ -97,6 +109,23 @@ def ray_instance(config: RLTrainerConfig) -> Iterator[object]:
         ray.shutdown()
         if reaper is not None:
             reaper.terminate()  # it sweeps what is left of the instance, then exits
+
+
+def unanswered(address: str) -> str | None:
+    """Why no Ray cluster answers at ``address`` (``HOST:PORT``, its GCS port; ``auto``: the address the last
+    `ray start` on this machine left), or None: ray.init waits many minutes for an address that is gone.
+    What rlx cannot resolve (a ``ray://`` client address, ``auto`` with no address left) is left to Ray."""
+    if address == "auto":
+        left = Path(RAY_CURRENT_CLUSTER)
+        address = os.environ.get("RAY_ADDRESS") or (left.read_text().strip() if left.is_file() else "")
+    host, _, port = address.rpartition(":")
+    if "://" in address or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    return None
 
 
 def start_reaper() -> subprocess.Popen:
