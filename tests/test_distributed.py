@@ -234,3 +234,21 @@ def test_a_ray_address_nothing_answers_is_one_line_not_a_wait():
     with pytest.raises(UserError, match=r"^resources.ray_address '127.0.0.1:\d+': no Ray cluster answers there \(Conn"):
         with cluster.ray_instance(config):
             pass
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch, caplog):
+    """A process killed while DeepSpeed built its CPU collectives leaves torch's build lock, on which every
+    later DeepSpeed start on CPU waited forever."""
+    import os
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / distributed.CPU_COMM_OP / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    distributed.clear_stale_build_lock(distributed.CPU_COMM_OP)
+    assert lock.exists()  # a build may be under way
+    old = time.time() - distributed.STALE_BUILD_SECONDS - 60
+    os.utime(lock, (old, old))
+    distributed.clear_stale_build_lock(distributed.CPU_COMM_OP)
+    assert not lock.exists() and "that never finished" in caplog.text
+    distributed.clear_stale_build_lock(distributed.CPU_COMM_OP)  # none: nothing to do

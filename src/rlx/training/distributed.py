@@ -8,15 +8,22 @@ talk over gloo, which is how the tests run two of them.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 import torch
 
 from rlx.store.artifacts import atomic_dir
+
+log = logging.getLogger(__name__)
+
+CPU_COMM_OP = "deepspeed_shm_comm"  # the torch extension DeepSpeed builds on first use for its collectives on CPU
+STALE_BUILD_SECONDS = 600  # a build of it takes about a minute on two cores
 
 
 def ensure_rendezvous() -> None:
@@ -24,6 +31,21 @@ def ensure_rendezvous() -> None:
     if "RANK" in os.environ:
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+
+
+def clear_stale_build_lock(name: str) -> None:
+    """Remove the lock of torch extension ``name``'s build when it is older than any build takes. A process
+    killed while it built the extension leaves the lock, and every later build of it, in every process, would
+    wait for it forever; torch's lock records no owner to ask."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    lock = Path(root) / name / "lock"
+    with suppress(FileNotFoundError):
+        age = time.time() - lock.stat().st_mtime
+        if age > STALE_BUILD_SECONDS:
+            log.warning("removing %s, left %.0f s ago by a build of %s that never finished", lock, age, name)
+            lock.unlink()
 
 
 def rank() -> int:

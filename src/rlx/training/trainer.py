@@ -186,6 +186,8 @@ class PolicyTrainer:
         import deepspeed
 
         distributed.ensure_rendezvous()
+        if not torch.cuda.is_available():
+            distributed.clear_stale_build_lock(distributed.CPU_COMM_OP)  # DeepSpeed's start would wait on it
         model = trained_model(cfg, policy_dir, base_dir or policy_dir, seed, strict)
         self.lora = lora.is_lora(model)
         self.frozen_sums: dict = {}  # the fingerprint's sums of the weights that do not train, read once
