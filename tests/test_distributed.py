@@ -141,44 +141,45 @@ def roll_out_and_train(project, *overrides):
     return metrics["train"], policy, [rollouts, sampled], places
 
 
-@pytest.mark.parametrize("zero_stage", [1, 3])
-def test_two_workers_on_two_nodes_sample_and_train_as_one_process(tmp_path, tiny_model, two_nodes, zero_stage):
+def test_two_workers_on_two_nodes_sample_and_train_as_one_process(tmp_path, tiny_model, two_nodes):
     """Prompts dealt to two engines sample the same responses as one engine; two judge actors give the
     verdicts the driver gives; the same global batch gives the same loss and update on two ranks as in
     one process (up to float summation order), and the updated policy samples as one process's does.
-    Under ZeRO-3 each rank holds a piece of every weight and samples from a whole copy gathered in buckets."""
+    So under ZeRO-1 and under ZeRO-3, where each rank holds a piece of every weight and samples from a
+    whole copy gathered in buckets."""
     one = rolled_out_project(tmp_path / "one", tiny_model)
-    two = tmp_path / "two"
-    shutil.copytree(one, two)
+    pairs = {stage: Path(shutil.copytree(one, tmp_path / f"zero-{stage}")) for stage in (1, 3)}
     # mini-batches of 2 micro-batches each, so each rank gets real work
     overrides = ["train_worker_cfg.pack_max_length=256", "train_worker_cfg.optimizer_steps=2"]
-    single, single_weights, single_responses, _ = roll_out_and_train(one, *overrides)
+    single, single_weights, (single_rollouts, (single_after, _)), _ = roll_out_and_train(one, *overrides)
     workers = [
         f"resources.ray_address={two_nodes}",
         "resources.num_workers=2",
         "resources.pg_pack_strategy=STRICT_SPREAD",
         "resources.num_cpus_per_worker=0.5",
-        f"train_worker_cfg.deepspeed.zero_stage={zero_stage}",
         "cpu_resources={num_workers: 2, num_cpus_per_worker: 0.5}",  # and the judging in two CPU actors
     ]
-    double, double_weights, double_responses, places = roll_out_and_train(two, *overrides, *workers)
-    assert read_rows(two / "runs/demo/step-1/judged.parquet") == read_rows(one / "runs/demo/step-1/judged.parquet")
+    for stage, two in pairs.items():
+        zero = f"train_worker_cfg.deepspeed.zero_stage={stage}"
+        double, double_weights, (rollouts, (after, before)), places = roll_out_and_train(
+            two, *overrides, *workers, zero
+        )
+        assert read_rows(two / "runs/demo/step-1/judged.parquet") == read_rows(one / "runs/demo/step-1/judged.parquet")
 
-    assert len({place["node_id"] for place in places}) == 2  # one worker on each node
-    assert [r["response_ids"] for r in double_responses[0]] == [r["response_ids"] for r in single_responses[0]]
-    (after, before), (single_after, _) = double_responses[1], single_responses[1]
-    assert after == single_after and after != before  # sampled from the updated policy, gathered whole
-    assert single["train/world_size"] == 1 and double["train/world_size"] == 2
-    assert double["train/rank_weight_spread"] == 0.0
-    clip = [f"train/clipfrac{part}" for part in ("", "_low", "_high", "_dual")]
-    for name in ("train/loss", "train/pg_loss", "train/entropy", *clip, "mismatch/k3_kl"):
-        assert double[name] == pytest.approx(single[name], rel=1e-5, abs=1e-7), name
-    changed = 0
-    for name, tensor in single_weights.items():
-        torch.testing.assert_close(double_weights[name], tensor, rtol=1e-5, atol=1e-6)
-        changed += int(not torch.equal(tensor, load_file(one / "data/tiny-qwen3/model.safetensors")[name]))
-    assert changed > 0  # the update really moved the weights
-    assert (two / "runs/demo/step-1/trainer_state/state/zero_pp_rank_1_mp_rank_00_optim_states.pt").is_file()
+        assert len({place["node_id"] for place in places}) == 2  # one worker on each node
+        assert [r["response_ids"] for r in rollouts] == [r["response_ids"] for r in single_rollouts]
+        assert after == single_after and after != before  # sampled from the updated policy
+        assert single["train/world_size"] == 1 and double["train/world_size"] == 2
+        assert double["train/rank_weight_spread"] == 0.0
+        clip = [f"train/clipfrac{part}" for part in ("", "_low", "_high", "_dual")]
+        for name in ("train/loss", "train/pg_loss", "train/entropy", *clip, "mismatch/k3_kl"):
+            assert double[name] == pytest.approx(single[name], rel=1e-5, abs=1e-7), (stage, name)
+        changed = 0
+        for name, tensor in single_weights.items():
+            torch.testing.assert_close(double_weights[name], tensor, rtol=1e-5, atol=1e-6)
+            changed += int(not torch.equal(tensor, load_file(one / "data/tiny-qwen3/model.safetensors")[name]))
+        assert changed > 0  # the update really moved the weights
+        assert (two / "runs/demo/step-1/trainer_state/state/zero_pp_rank_1_mp_rank_00_optim_states.pt").is_file()
 
 
 def fit(project: Path, fault: str | None = None, *overrides: str) -> subprocess.CompletedProcess:
