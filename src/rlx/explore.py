@@ -178,23 +178,25 @@ class Run:
             if (problem := unlike_what_was_written(folder, paths)) is None:
                 return folder
             log.warning("%s; writing it again", problem)
-        with self.trainers() as engines:
+        with self.trainers(replaying=step not in self.layout.checkpoints()) as engines:
             if out is None and step in self.layout.checkpoints() and not is_adapter(paths.policy):
                 engines.policy(step)  # its weights checked against the step's fingerprint
                 return paths.policy  # (a LoRA checkpoint holds an adapter: it is merged into ``folder``)
             mark = {"made_by": MATERIALIZE, "step": step, "fingerprint": file_hash(paths.weights_fingerprint)}
             return engines.write_policy(step, folder, mark)
 
-    def trainers(self):
-        """The run's trainers, to re-create a policy: in this process, or a group of as many workers as the run
-        trained on (summed over that many ranks, its updates replay bitwise only there), without its judge
-        actors or rollout workers."""
+    def trainers(self, replaying: bool):
+        """The run's trainers, to read or re-create a policy, without its judge actors or rollout workers: in
+        this process, or to replay updates, a group of as many workers as the run trained on (summed over
+        that many ranks, its updates replay bitwise only there)."""
         from rlx.config import load
         from rlx.workers.cluster import unanswered
         from rlx.workers.group import warm_engines
 
         alone = [f"work_dir={self.work_dir}", "cpu_resources=null", "resources.num_rollout_workers=0"]
         alone.append("display_all_workers_log=false")  # a run whose only actors were those has none here
+        if not replaying:  # a checkpoint is only read
+            alone += ["resources.num_workers=1", "resources.ray_address=null"]
         config = load(self.layout.config, alone)
         if (address := config.resources.ray_address) and (problem := unanswered(address)):
             log.warning(
