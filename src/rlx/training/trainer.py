@@ -303,7 +303,7 @@ class PolicyTrainer:
 
     def full_parameters(self):
         """A context in which every rank holds the whole policy (ZeRO-3 gathers its partitions)."""
-        if self.engine.zero_optimization_stage() < 3:
+        if not self.partitioned:
             return contextlib.nullcontext()
         import deepspeed
 
