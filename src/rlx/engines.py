@@ -83,6 +83,13 @@ class Engines:
         """A model folder loaded for inference as the run loads them (``strict_load``; rlx.training.loading)."""
         return load_policy(folder, dtype, base, strict=self.config.strict_load)
 
+    def base_fingerprint(self) -> dict:
+        """Step 0's record: the fingerprint of ``load_from`` as the run loads it; with several workers worker 0
+        reads it, so that the driver loads no model (on a GPU node it would take a GPU of the workers')."""
+        if self.workers is not None:
+            return self.workers.on_first("base_fingerprint")
+        return fingerprint(self.load(self.config.load_from))
+
     def policy(self, step: int):
         """The policy after ``step`` training steps (step 0: the base model), for generation: the
         trainer's module when it holds that step, else the step's checkpoint, else replayed."""
@@ -206,6 +213,14 @@ class Engines:
             log.info("replayed steps %d-%d in %.1f s", self._trainer_step + 1, step, time.perf_counter() - started)
             self._trainer_step = step
         return self._trainer
+
+    def snapshot(self, step: int):
+        """The trainer's state after ``step`` steps copied to host memory, to be written while training goes
+        on (rlx.stages.checkpoint); with several workers each rank copies its own and starts writing it
+        itself (rlx.workers.worker.Worker.start_checkpoint), and there is nothing to hand over."""
+        if self.workers is not None:
+            return self.workers.start_checkpoint(step)
+        return self.trainer(step).snapshot(self.tokenizer)
 
     def replay_root(self, step: int) -> int:
         """The newest checkpoint at or before ``step`` that a replay can start from (it has the optimizer

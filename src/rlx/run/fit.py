@@ -31,7 +31,7 @@ from rlx.run.recording import BackgroundCheckpoints, Finisher, newest_checkpoint
 from rlx.run.resume import ensure_inputs, first_step_to_run, steps_to_run
 from rlx.run.tracking import Tracker
 from rlx.stages import is_complete, refresh_curves, run_stage
-from rlx.stages.checkpoint import written_in_background
+from rlx.stages.checkpoint import is_due
 from rlx.stages.train import clip_cannot_act
 from rlx.store.artifacts import read_json, write_text
 from rlx.store.layout import ITERATION, RunLayout
@@ -120,7 +120,7 @@ def run_step(config: RLTrainerConfig, step: int, total: int, engines: Engines, c
         if not rerun:
             refresh_curves(name, config, step)
             metrics.update(read_json(layout.step(step).metrics(name)))
-        elif name == "checkpoint" and written_in_background(config, step, total):
+        elif name == "checkpoint" and is_due(config, step, total):
             with clock.part("checkpoint"):  # the host copy, and any wait for the previous write
                 metrics.update(checkpoints.start(step))
         else:

@@ -83,11 +83,12 @@ def newest_checkpoint(config: RLTrainerConfig, layout: RunLayout, step: int, tot
 
 class BackgroundCheckpoints:
     """Writes a step's checkpoint in a thread of its own while the next steps run: the trainer's state
-    is first copied to host memory (``PolicyTrainer.snapshot``, a memory copy), so even the next update
-    need not wait for the disk. One write at a time: a checkpoint due while the previous one is still
-    being written waits for it (so at most two copies are held). DVC's record of a step is queued (in
-    another thread, in step order) behind its checkpoint, so a step is recorded (and done) only once
-    its checkpoint is, and a long record never holds a checkpoint back."""
+    is first copied to host memory (``Engines.snapshot``, a memory copy; with several workers each rank
+    copies its own and writes it itself), so even the next update need not wait for the disk. One write
+    at a time: a checkpoint due while the previous one is still being written waits for it (so at most
+    two copies are held). DVC's record of a step is queued (in another thread, in step order) behind its
+    checkpoint, so a step is recorded (and done) only once its checkpoint is, and a long record never
+    holds a checkpoint back."""
 
     def __init__(self, config: RLTrainerConfig, engines: Engines):
         self.config, self.engines = config, engines
@@ -100,7 +101,7 @@ class BackgroundCheckpoints:
         write and those the copy took."""
         waited = self.wait()
         started = time.perf_counter()
-        snapshot = self.engines.trainer(step).snapshot(self.engines.tokenizer)
+        snapshot = self.engines.snapshot(step)
         copied = time.perf_counter() - started
         self.pending = self.saver.submit(run_stage, "checkpoint", self.config, step, self.engines, snapshot=snapshot)
         return {"time/checkpoint_wait": waited, "time/checkpoint_snapshot": copied}

@@ -9,14 +9,13 @@ replay, is the checkpoint stage's.
 from __future__ import annotations
 
 from rlx.config import RLTrainerConfig
-from rlx.lineage.fingerprint import fingerprint
 from rlx.stages import evaluate
 from rlx.store.artifacts import write_json
 from rlx.store.layout import RunLayout, StepPaths
 
 
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
-    write_json(fingerprint(engines.load(config.load_from)), paths.weights_fingerprint, indent=None)
+    write_json(engines.base_fingerprint(), paths.weights_fingerprint, indent=None)
     return evaluate.run(config, 0, paths, engines)
 
 

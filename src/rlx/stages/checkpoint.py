@@ -7,12 +7,14 @@ empty optimizer state, the root every replay can start from), every ``checkpoint
 and at the last step. With several workers the training ranks write it themselves, each its shard
 of the optimizer state, rank 0 the policy.
 
-`rlx fit` first copies the trainer's state to host memory (``PolicyTrainer.snapshot``), then runs this
-stage in a background thread, which writes the copy while the next steps run. Outputs: ``policy/`` (HF
-folder) and ``trainer_state/`` (DeepSpeed), each written whole under a temporary name, so a kill
-mid-write leaves the previous checkpoint as it was. Then, still in the background, every file's size
-and hash go to ``checkpoint_outputs.json``: DVC records that list, not the folders, whose gigabytes it
-would hash with md5 at a tenth of the speed (rlx.store.integrity). The metrics file, written last, marks it done.
+`rlx fit` first copies the trainer's state to host memory (``Engines.snapshot``), then runs this
+stage in a background thread, which writes the copy while the next steps run; with several workers
+each rank copies its own state and writes it in a thread of its own, and this stage waits for them.
+Outputs: ``policy/`` (HF folder) and ``trainer_state/`` (DeepSpeed), each written whole under a
+temporary name, so a kill mid-write leaves the previous checkpoint as it was. Then, still in the
+background, every file's size and hash go to ``checkpoint_outputs.json``: DVC records that list, not
+the folders, whose gigabytes it would hash with md5 at a tenth of the speed (rlx.store.integrity).
+The metrics file, written last, marks it done.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from contextlib import contextmanager
 from rlx.config import RLTrainerConfig
 from rlx.store.artifacts import DiskFullError, atomic_dir, write_json
 from rlx.store.layout import StepPaths
-from rlx.training.loading import load_policy
 
 draws_random_numbers = False  # safe in a background thread: nothing here reseeds the run's RNGs
 checked_when_loaded = True  # a resume checks the sizes only; Engines.load_checkpoint checks the hashes as it reads
@@ -36,12 +37,6 @@ def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
     return step in (0, total_steps) or (interval > 0 and step % interval == 0)
 
 
-def written_in_background(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
-    """Whether `rlx fit` writes step ``step``'s checkpoint from a copy in a background thread: it is due
-    and the trainer is this process's (several workers each write their own shard, rlx.workers)."""
-    return is_due(config, step, total_steps) and not config.resources.on_ray
-
-
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=None) -> dict:
     """The checkpoint if due: ``snapshot`` (`rlx fit`'s host copy of the trainer's state) or the
     trainer's state as it is."""
@@ -49,21 +44,19 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=
         return {"checkpoint/saved": 0}
     if step == 0:
         with disk_full_reported(paths):
-            save_base(config, paths, engines.tokenizer)
+            save_base(paths, engines)
     elif engines.workers is not None:
-        engines.workers.run("checkpoint", step)  # each rank its shard of the optimizer state, rank 0 the policy
+        engines.workers.checkpoint(step)  # each rank its shard of the optimizer state, rank 0 the policy
     else:
         save_trainer(step, paths, engines, snapshot)
-        release_freed_memory()
     size = sum(f.stat().st_size for out in outputs(paths) for f in out.rglob("*") if f.is_file())
     return {"checkpoint/saved": 1, "checkpoint/bytes": size}
 
 
-def save_base(config: RLTrainerConfig, paths, tokenizer) -> None:
-    """Checkpoint 0: the base model as the run's starting policy, with an empty optimizer state."""
-    with atomic_dir(paths.policy) as tmp:
-        load_policy(config.load_from, strict=config.strict_load).save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+def save_base(paths: StepPaths, engines) -> None:
+    """Checkpoint 0: the base model as the run's starting policy (written where the policy is held: with
+    several workers by worker 0), with an empty optimizer state."""
+    engines.write_policy(0, paths.policy)
     with atomic_dir(paths.trainer_state) as tmp:
         write_json({"global_steps": 0}, tmp / "state.json")
 
@@ -73,6 +66,7 @@ def save_trainer(step: int, paths: StepPaths, engines, snapshot=None) -> None:
     snapshot = snapshot or engines.trainer(step).snapshot(engines.tokenizer)
     with disk_full_reported(paths):
         snapshot.write(paths.policy, paths.trainer_state)
+    release_freed_memory()
 
 
 @contextmanager

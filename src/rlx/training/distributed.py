@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -89,25 +90,35 @@ def cat_across(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def barrier() -> None:
+def barrier(group=None) -> None:
     if world_size() > 1:
-        torch.distributed.barrier()
+        torch.distributed.barrier(group=group)
+
+
+@cache
+def writers_group():
+    """A process group of every rank for the checkpoint writers alone, over gloo (a CPU barrier, whatever the
+    training backend): they write in a thread of their own while training runs its collectives on the default
+    group, and two threads' collectives on one group would be matched across ranks in any order. Every rank
+    makes it at the same point (a trainer's start); None in a single process."""
+    return torch.distributed.new_group(backend="gloo") if world_size() > 1 else None
 
 
 @contextmanager
-def atomic_dir_on_all_ranks(path: Path) -> Iterator[Path]:
+def atomic_dir_on_all_ranks(path: Path, group=None) -> Iterator[Path]:
     """``artifacts.atomic_dir`` for a folder every rank writes into (e.g. sharded optimizer state):
-    rank 0 owns the temporary folder and the final rename, the others write into the same one."""
+    rank 0 owns the temporary folder and the final rename, the others write into the same one; the ranks
+    agree over ``group`` (the default one unless given)."""
     if world_size() == 1:
         with atomic_dir(path) as tmp:
             yield tmp
         return
     with ExitStack() as stack:
         shared = [stack.enter_context(atomic_dir(path)) if is_main() else None]
-        torch.distributed.broadcast_object_list(shared, src=0)
+        torch.distributed.broadcast_object_list(shared, src=0, group=group)
         yield shared[0]
-        barrier()  # everyone has written before rank 0 renames
-    barrier()  # and the rename is done before anyone reads
+        barrier(group)  # everyone has written before rank 0 renames
+    barrier(group)  # and the rename is done before anyone reads
 
 
 def buckets(tensors: Iterable[tuple[str, torch.Tensor]], limit: int) -> Iterator[dict[str, torch.Tensor]]:

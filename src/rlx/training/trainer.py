@@ -210,6 +210,7 @@ class PolicyTrainer:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg)
         )
         self.engine.checkpoint_engine = checkpoint_engine(self.engine, self.lora)
+        distributed.writers_group()  # made by every rank at once, here, for the checkpoint writers to agree over
         if (state_dir / DEEPSPEED_TAG).is_dir():  # a LoRA state holds the adapter only: the base is base_dir's
             self.engine.load_checkpoint(str(state_dir), tag=DEEPSPEED_TAG, load_module_strict=strict and not self.lora)
         self.state = (
@@ -361,13 +362,15 @@ class TrainerSnapshot:
 
     def write(self, policy_dir: Path, state_dir: Path) -> None:
         """Write the policy folder and the state folder, each atomically (a kill mid-write leaves the
-        previous ones as they were)."""
-        with distributed.atomic_dir_on_all_ranks(policy_dir) as tmp:
+        previous ones as they were). The ranks agree over a group of their own, so that they may write
+        while training goes on (rlx.workers.worker.Worker.start_checkpoint)."""
+        writers = distributed.writers_group()
+        with distributed.atomic_dir_on_all_ranks(policy_dir, writers) as tmp:
             if self.policy is not None:
                 self.module.save_pretrained(tmp, state_dict=self.policy, safe_serialization=True)
                 self.tokenizer.save_pretrained(tmp)
         faults.point("train.save")
-        with distributed.atomic_dir_on_all_ranks(state_dir) as tmp:
+        with distributed.atomic_dir_on_all_ranks(state_dir, writers) as tmp:
             for relative, data in self.plain.items():
                 (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / relative).write_bytes(data)

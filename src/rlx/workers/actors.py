@@ -22,6 +22,7 @@ from rlx.debugging import configure_logging
 from rlx.errors import UserError
 
 PLACEMENT_SECONDS = 120  # how long Ray may take to find room for the bundles before rlx gives up
+BACKGROUND = "background"  # the actors' concurrency group for a call that waits on their own threads
 
 
 def as_arrays(weights: dict[str, torch.Tensor]) -> dict[str, tuple[object, str]]:
@@ -107,7 +108,7 @@ class ActorGroup:
             )
         options = {"num_cpus": reserved["CPU"], "num_gpus": reserved.get("GPU", 0), "max_restarts": 0}
         options |= {"memory": reserved["memory"]} if "memory" in reserved else {}
-        remote = ray.remote(kind)
+        remote = ray.remote(concurrency_groups={BACKGROUND: 1})(kind)
         self.actors = [
             remote.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
@@ -126,18 +127,23 @@ class ActorGroup:
         place = self.places[rank]
         return f"{self.name} {rank} (node {place['node']}, pid {place['pid']})"
 
-    def call_each(self, method: str, arguments: list[tuple], what: str) -> list:
+    def call_each(self, method: str, arguments: list[tuple], what: str, background: bool = False) -> list:
         """``method`` on every actor, actor ``r`` given ``arguments[r]``; their results in rank order.
-        The first failure ends the wait (the others may be blocked in a collective with the failed one)."""
-        pending = [actor.timed.remote(method, *args) for actor, args in zip(self.actors, arguments, strict=True)]
+        The first failure ends the wait (the others may be blocked in a collective with the failed one).
+        A ``background`` call runs in the actors' :data:`BACKGROUND` group, beside their other calls, and
+        is not counted in the step's actor time, which it overlaps."""
+        group = {"concurrency_group": BACKGROUND} if background else {}
+        calls = zip(self.actors, arguments, strict=True)
+        pending = [actor.timed.options(**group).remote(method, *args) for actor, args in calls]
         ranks = {ref: rank for rank, ref in enumerate(pending)}
         timed = {}
         while pending:
             ready, pending = self.ray.wait(pending, num_returns=1)
             timed[ranks[ready[0]]] = self.checked_result(ready[0], ranks[ready[0]], what)
         results = [timed[rank][0] for rank in range(len(self.actors))]
-        self.counters[f"time/{self.name}s"] += max(seconds for _, seconds in timed.values())
-        self.counters[f"perf/driver_{self.name}_bytes"] += len(pickle.dumps((arguments, results)))
+        if not background:
+            self.counters[f"time/{self.name}s"] += max(seconds for _, seconds in timed.values())
+            self.counters[f"perf/driver_{self.name}_bytes"] += len(pickle.dumps((arguments, results)))
         return results
 
     def checked_result(self, ref, rank: int, what: str):
@@ -154,8 +160,8 @@ class ActorGroup:
                 f"{self.described(rank)} died during {what}; rerun `rlx fit` to resume from the last complete step"
             ) from None
 
-    def call(self, method: str, *args, what: str) -> list:
-        return self.call_each(method, [args] * len(self.actors), what)
+    def call(self, method: str, *args, what: str, background: bool = False) -> list:
+        return self.call_each(method, [args] * len(self.actors), what, background)
 
     def take_counters(self) -> dict[str, float]:
         """Since the last call: the seconds of the slowest actor of each call, and the bytes of the calls'

@@ -98,10 +98,29 @@ class WorkerGroup(ActorGroup):
         super().__init__(ray, Worker, "worker", worker_bundle(config), count, resources.pg_pack_strategy, arguments)
         port = ray.get(self.actors[0].rendezvous_port.remote())
         self.call("join", self.places[0]["node"], port, what="start-up")
+        self.writing: int | None = None  # the step whose checkpoint the ranks are writing
 
     def run(self, name: str, step: int) -> dict:
         """Stage ``name`` of ``step`` on every rank; rank 0's metrics, as one process would give them."""
         return self.call("run", name, step, what=f"stage {name} of step {step}")[0]
+
+    def on_first(self, method: str):
+        """``method``'s result on worker 0 alone, the others left idle."""
+        ref = self.actors[0].timed.remote(method)
+        return self.checked_result(ref, 0, method.replace("_", " "))[0]
+
+    def start_checkpoint(self, step: int) -> None:
+        """Every rank copies its state after ``step`` steps to host memory and starts writing it (each its
+        shard of the optimizer state, rank 0 the policy) in a thread of its own: the driver goes on."""
+        self.call("start_checkpoint", step, what=f"copying the checkpoint of step {step}")
+        self.writing = step
+
+    def checkpoint(self, step: int) -> None:
+        """Step ``step``'s checkpoint on disk: the write :meth:`start_checkpoint` began, or one made now."""
+        if self.writing != step:
+            self.start_checkpoint(step)
+        self.call("checkpoint_written", what=f"writing the checkpoint of step {step}", background=True)
+        self.writing = None
 
     def write_policy(self, step: int, folder: Path, mark: dict | None) -> Path:
         """Step ``step``'s policy written by rank 0 (every rank takes part if it must be replayed)."""

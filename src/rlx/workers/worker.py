@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
 from rlx.samplers.types import Generation
-from rlx.stages import module, reseed
+from rlx.stages import checkpoint, module, reseed
 from rlx.store.layout import RunLayout
 from rlx.training.distributed import free_port
 from rlx.workers.actors import Actor, as_arrays, as_tensors
@@ -52,6 +53,8 @@ class Worker(RolloutWorker):
         # replay: the train stage's, handed in as the driver's Engines gets it
         super().__init__(label, shown, config, project, replay)
         self.rank, self.world_size = rank, world_size
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-checkpoint")
+        self.writing: Future | None = None
 
     def rendezvous_port(self) -> int:
         return free_port()
@@ -71,6 +74,21 @@ class Worker(RolloutWorker):
         """Stage ``name`` of ``step`` on this rank, its RNGs seeded as the one-process run seeds them."""
         reseed(self.config, name, step)
         return module(name).run(self.config, step, RunLayout(self.config.work_dir).step(step), self.engines, **given)
+
+    def base_fingerprint(self) -> dict:
+        return self.engines.base_fingerprint()
+
+    def start_checkpoint(self, step: int) -> None:
+        """Copy this rank's trainer state after ``step`` steps to host memory, together with the other ranks,
+        and write it in a thread of this actor's own while the driver goes on with the next steps."""
+        snapshot = self.engines.trainer(step).snapshot(self.engines.tokenizer)
+        paths = RunLayout(self.config.work_dir).step(step)
+        self.writing = self.writer.submit(checkpoint.save_trainer, step, paths, self.engines, snapshot)
+
+    def checkpoint_written(self) -> None:
+        """Wait for the write :meth:`start_checkpoint` began (its error, if any, raised here); the driver
+        calls it in the actors' background concurrency group, which the other calls do not wait behind."""
+        self.writing.result()
 
     def write_policy(self, step: int, folder, mark: dict | None):
         """Rank 0 writes step ``step``'s policy; every rank first makes sure it holds it (a replay is collective)."""
