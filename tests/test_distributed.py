@@ -10,7 +10,9 @@ import contextlib
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,15 +26,16 @@ from rlx.errors import UserError
 from rlx.lineage.record import edit_params
 from rlx.stages import run_stage
 from rlx.stages.train import replay
-from rlx.store.artifacts import read_rows
+from rlx.store.artifacts import read_json, read_rows
 from rlx.training import distributed
 from rlx.training.loading import load_policy
 from rlx.training.trainer import PolicyTrainer
 from rlx.workers import cluster, group, reaper
+from rlx.workers.actors import Actor, ActorGroup
 
 ray = pytest.importorskip("ray")
 FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
-STEPS = 3
+STEPS = 2  # the last step writes its checkpoint in the background
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +114,45 @@ def test_without_ray_several_workers_are_refused_with_the_install_command(monkey
         cluster.import_ray()
 
 
+class Latch(Actor):
+    """An actor waiting, in one call, for another call to release it."""
+
+    def __init__(self, *arguments):
+        super().__init__(*arguments)
+        self.released = threading.Event()
+
+    def wait_released(self) -> bool:
+        return self.released.wait(timeout=60)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def test_a_background_call_leaves_the_actors_free_for_the_next_calls(two_nodes, tmp_path):
+    """What a worker's checkpoint write relies on: the driver waits for it in the actors' background
+    concurrency group while their other calls go on."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Latch: this module is not on the nodes' path
+    config = rlx_config.load(PARAMS)
+    with ray_connected(two_nodes):
+        latches = ActorGroup(ray, Latch, "latch", {"CPU": 0.1}, 2, "SPREAD", lambda rank: (config, str(tmp_path)))
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                waited = pool.submit(latches.call, "wait_released", what="waiting", background=True)
+                latches.call("release", what="releasing")
+                assert waited.result(timeout=120) == [True, True]  # else each wait blocked its actor: False
+        finally:
+            latches.stop()
+
+
+@contextlib.contextmanager
+def ray_connected(address: str):
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 def rolled_out_project(base, tiny_model):
     """A project whose step 1 is prepared (one process), ready for its rollout."""
     base.mkdir()
@@ -131,6 +173,8 @@ def roll_out_and_train(project, *overrides):
         config = rlx_config.load(project / "params.yaml", [*overrides, "checkpoint_interval=1"])
         with group.warm_engines(config) as engines:
             places = engines.workers.places if engines.workers else []
+            base = engines.base_fingerprint()  # with workers worker 0's: the driver loads no model
+            assert base == read_json(project / "runs/demo/step-0/fingerprint.json")
             metrics = {
                 name: run_stage(name, config, 1, engines) for name in ("rollout", "judge", "train", "checkpoint")
             }
@@ -192,9 +236,9 @@ def final_policy(project: Path) -> bytes:
 
 
 def test_a_killed_worker_and_a_killed_driver_lose_nothing_and_leave_no_ray_behind(tmp_path, tiny_model, two_nodes):
-    """Two workers, three steps. A worker killed in step 2's update stops the run in one line naming it;
-    the driver killed in step 3 leaves no process of the Ray instance it started; the rerun (joining a
-    running cluster) ends bitwise where an uninterrupted run ends, and the pipeline is clean."""
+    """Two workers, two steps. A worker killed in step 2's update stops the run in one line naming it;
+    the driver killed as step 2 evaluates leaves no process of the Ray instance it started; the rerun
+    (joining a running cluster) ends bitwise where an uninterrupted run ends, and the pipeline is clean."""
     (tmp_path / "a").mkdir()
     base = make_project(tmp_path / "a", tiny_model)
     edit_params(base / "params.yaml", [f"rollout_steps={STEPS}", "wandb.enabled=false", "resources.num_workers=2"])
@@ -206,7 +250,7 @@ def test_a_killed_worker_and_a_killed_driver_lose_nothing_and_leave_no_ray_behin
     assert worker_killed.returncode == 2, worker_killed.stderr[-3000:]
     assert "died during stage train of step 2; rerun `rlx fit` to resume" in worker_killed.stderr
     driver = subprocess.Popen(
-        [*FIT, *local], cwd=interrupted, env=child_env() | {"RLX_FAULT": "judge.start"}, stderr=subprocess.PIPE
+        [*FIT, *local], cwd=interrupted, env=child_env() | {"RLX_FAULT": "evaluate.start"}, stderr=subprocess.PIPE
     )
     assert driver.wait(timeout=600) == -9, driver.stderr.read()[-3000:]
     deadline = time.monotonic() + 30
@@ -222,10 +266,10 @@ def test_a_killed_worker_and_a_killed_driver_lose_nothing_and_leave_no_ray_behin
 
     # an unsaved step re-created by replay on as many workers as trained it (its fingerprint checked)
     materialized = subprocess.run(
-        [*FIT[:3], "materialize", "runs/demo", "--step", "2"], cwd=base, env=child_env(), capture_output=True, text=True
+        [*FIT[:3], "materialize", "runs/demo", "--step", "1"], cwd=base, env=child_env(), capture_output=True, text=True
     )
     assert materialized.returncode == 0, materialized.stderr[-3000:]
-    assert (base / "runs/demo/materialized/step-2/model.safetensors").is_file()
+    assert (base / "runs/demo/materialized/step-1/model.safetensors").is_file()
 
 
 def test_a_ray_address_nothing_answers_is_one_line_not_a_wait():
