@@ -210,6 +210,30 @@ def make_project(base: Path, tiny_model) -> Path:
 
 
 @pytest.fixture(scope="session")
+def two_step_run(tiny_model, tmp_path_factory) -> tuple[Path, Path]:
+    """The demo's project set to 2 steps without W&B: as made (pristine) and after an uninterrupted `rlx fit`
+    (finished), the start and the reference of test_resume and test_shared_repo. Made once for the whole
+    suite: the first worker to ask makes it, the other waits for it. Copy them before changing anything."""
+    from filelock import FileLock
+
+    from rlx.lineage.record import edit_params
+
+    base = tmp_path_factory.getbasetemp()
+    store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "two-step-run"
+    pristine, finished = store / "pristine" / "project", store / "finished" / "project"
+    with FileLock(f"{store}.lock"):
+        if not (store / "done").is_file():
+            shutil.rmtree(store, ignore_errors=True)
+            (store / "pristine").mkdir(parents=True)
+            make_project(store / "pristine", tiny_model)
+            edit_params(pristine / "params.yaml", ["rollout_steps=2", "wandb.enabled=false"])
+            (store / "finished").mkdir()
+            fitted_copy(pristine, store / "finished")
+            (store / "done").touch()  # last: marks it complete
+    return pristine, finished
+
+
+@pytest.fixture(scope="session")
 def agent_project(untrained_model, tmp_path_factory) -> Path:
     """A project for a 2-step agent run (configs/agent_calculator.yaml's loop, helpers.teaching.AGENT_RUN) of the
     untrained model taught to call ``helpers.agents:logged_add``, without evaluation. Not run: copy it."""

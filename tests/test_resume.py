@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import child_env, dvc_status, fit, fitted_copy, killed_and_resumed, make_project
+from conftest import child_env, dvc_status, fit, killed_and_resumed
 from rlx.errors import UserError
 from rlx.explore import Run
 from rlx.lineage.record import edit_params
@@ -33,7 +33,7 @@ from rlx.store.layout import ITERATION, RunLayout
 
 pytestmark = pytest.mark.slow
 
-STEPS = 2  # step 2 is the last: it evaluates, exports and prunes
+STEPS = 2  # conftest.two_step_run's; step 2 is the last: it evaluates, exports and prunes
 
 # Chains list points in the order a run reaches them, so that each rerun does reach its point. The
 # chains run side by side (each a project of its own): a process start is mostly one core's work.
@@ -65,10 +65,9 @@ assert chained | {AGENT_KILL} == set(POINTS), "a fault point is untested"
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory, tiny_model) -> Path:
-    project = make_project(tmp_path_factory.mktemp("resume"), tiny_model)
-    edit_params(project / "params.yaml", [f"rollout_steps={STEPS}", "wandb.enabled=false"])  # W&B: test_pipeline
-    return project
+def pristine(two_step_run) -> Path:
+    """The demo set to STEPS steps, without W&B (test_pipeline checks it); not run."""
+    return two_step_run[0]
 
 
 def fresh_copy(pristine: Path, base: Path) -> Path:
@@ -80,9 +79,9 @@ def final_policy(project: Path) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def reference_run(pristine, tmp_path_factory) -> Path:
+def reference_run(two_step_run) -> Path:
     """An uninterrupted run, whose artifacts every resumed one must reproduce."""
-    return fitted_copy(pristine, tmp_path_factory.mktemp("reference"))
+    return two_step_run[1]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env, dvc_status, make_project
+from conftest import child_env, dvc_status
 from rlx.cli import main
 from rlx.lineage.record import edit_params
 from rlx.run.tracking import read_tracker
@@ -26,18 +26,13 @@ FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory, tiny_model) -> Path:
-    project = make_project(tmp_path_factory.mktemp("shared"), tiny_model)
-    edit_params(project / "params.yaml", ["rollout_steps=2", "wandb.enabled=false"])
-    return project
+def pristine(two_step_run) -> Path:
+    return two_step_run[0]
 
 
 @pytest.fixture(scope="module")
-def finished(pristine, tmp_path_factory) -> Path:
-    project = copy(pristine, tmp_path_factory.mktemp("finished"))
-    done = fit(project)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return project
+def finished(two_step_run) -> Path:
+    return two_step_run[1]
 
 
 def copy(project: Path, base: Path) -> Path:
