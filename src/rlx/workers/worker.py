@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
 from rlx.samplers.types import Generation
-from rlx.stages import checkpoint, module, reseed
+from rlx.stages import module, reseed
 from rlx.store.layout import RunLayout
 from rlx.training.distributed import free_port
 from rlx.workers.actors import Actor, as_arrays, as_tensors
@@ -83,7 +83,7 @@ class Worker(RolloutWorker):
         and write it in a thread of this actor's own while the driver goes on with the next steps."""
         snapshot = self.engines.trainer(step).snapshot(self.engines.tokenizer)
         paths = RunLayout(self.config.work_dir).step(step)
-        self.writing = self.writer.submit(checkpoint.save_trainer, step, paths, self.engines, snapshot)
+        self.writing = self.writer.submit(module("checkpoint").save_trainer, step, paths, self.engines, snapshot)
 
     def checkpoint_written(self) -> None:
         """Wait for the write :meth:`start_checkpoint` began (its error, if any, raised here); the driver
