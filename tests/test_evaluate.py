@@ -98,7 +98,9 @@ def test_eval_sample_ratio_and_sampling_seed_are_read(tmp_path, monkeypatch):
         for i in range(20)
     ]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    monkeypatch.setattr(evaluate, "prompt_ids", lambda tokenizer, prompt, tools=None: [int(prompt[0]["content"])])
+    monkeypatch.setattr(
+        evaluate, "prompts_ids", lambda tokenizer, prompts, tools=None: [[int(p[0]["content"])] for p in prompts]
+    )
     eval_set = f"evaluator_config.dataset_cfg=[{{name: t, anno_path: {data}, sample_ratio: 0.5}}]"
     cfg = config.load(
         None, [eval_set, "evaluator_config.eval_sample_ratio=0.5", "evaluator_config.sample_params.seed=9"]

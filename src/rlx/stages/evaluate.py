@@ -23,7 +23,7 @@ from rlx.samplers import Sampler
 from rlx.stages.curves import write_curve
 from rlx.store.artifacts import write_rows
 from rlx.store.layout import RunLayout, StepPaths
-from rlx.tasks.data import load_rows, prompt_ids, tool_schemas
+from rlx.tasks.data import load_rows, prompts_ids, tool_schemas
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -114,7 +114,7 @@ def respond(config: RLTrainerConfig, sampler: Sampler, tokenizer, rows: list[dic
     """One response per dataset row: a reply, or with the run's agent loop its whole rollout (the policy is
     evaluated acting as it is trained to)."""
     agent, tools = config.dataflow_config.agent_loop_config, tool_schemas(config)
-    ids = [prompt_ids(tokenizer, row["prompt"], tools) for row in rows]
+    ids = prompts_ids(tokenizer, [row["prompt"] for row in rows], tools)
     if agent is None:
         return sampler.generate(ids, params, seed=seed)
     loop = AgentLoop(agent, tokenizer, params)
