@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install fit test bench gpu-check gpu-bundle lmdeploy-contract
+.PHONY: install fit test bench gpu-check gpu-bundle gpu-bundle-ray lmdeploy-contract
 
 install: $(STAMP)
 
@@ -64,6 +64,12 @@ gpu-bundle: $(STAMP)
 	$(BIN)/python scripts/gpu_bundle.py build .gpu-bundle
 	rm -rf .gpu-bundle-test .gpu-bundle-test-device
 	$(PYTHON312) scripts/gpu_bundle.py check .gpu-bundle $(CURDIR)/.gpu-bundle-test
+
+# Ray for the GPU check's one-worker group, carried in a device call of its own (scripts/gpu_bundle.py).
+gpu-bundle-ray: $(STAMP)
+	$(BIN)/python scripts/gpu_bundle.py build-ray .gpu-bundle-ray
+	rm -rf .gpu-bundle-ray-test .gpu-bundle-ray-test-device
+	$(PYTHON312) scripts/gpu_bundle.py check-ray .gpu-bundle-ray $(CURDIR)/.gpu-bundle-ray-test
 
 # On the GPU machine: scripts/gpu_check.sh (rlx's rollout against LMDeploy's own batch inference, weight
 # sync after a bf16 update, the engine-settings and training-MFU sweeps, 3 `rlx fit` steps with LMDeploy and

@@ -12,6 +12,15 @@ machine has one: rlx pins 0.14.0 (LMDeploy's ceiling), and the check runs what t
     python scripts/gpu_bundle.py build .gpu-bundle           # the wheels, then the size check
     python scripts/gpu_bundle.py size .gpu-bundle            # missing or over 60 MiB: one line, exit 2
     python3.12 scripts/gpu_bundle.py check .gpu-bundle DIR   # the install test (see ``check``)
+
+Ray (several workers) does not fit beside them: its wheel is 75 MiB. It travels in a device call of its
+own, after the first one installed the bundle (`make gpu-bundle-ray`; scripts/gpu_check.sh): a Ray
+without what a local instance never runs (``RAY_LEFT_OUT``: the Java workers' 31 MiB jar, the
+dashboard's web pages, its libraries rllib, serve, tune, train, data and llm): 38 MiB with the
+requirements the device lacks.
+
+    python scripts/gpu_bundle.py build-ray .gpu-bundle-ray
+    python3.12 scripts/gpu_bundle.py check-ray .gpu-bundle-ray DIR   # starts a Ray instance from DIR
 """
 
 from __future__ import annotations
@@ -44,6 +53,10 @@ RLX_NEEDS = [
     "pygit2",  # a DVC dependency too (through scmrepo); rlx.lineage.experiment uses it itself
 ]
 DEEPSPEED_NEEDS = ["hjson", "msgpack", "ninja", "nvidia-ml-py", "einops"]
+RAY = re.search(r'"(ray==[^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+RAY_NEEDS = ["jsonschema", "protobuf"]  # Ray's requirements the device lacks (jsonschema's own follow)
+RAY_LEFT_OUT = re.compile(r"ray/(jars|dashboard/client|rllib|serve|tune|train|data|llm)/.*")
+TURBOMIND = re.compile(r"lmdeploy/turbomind/_turbomind[^/]*\.so")
 LEFT_BEHIND = ["wandb"]  # the GPU check runs with wandb.mode: disabled, which never imports it
 BUILT_HERE = ["deepspeed", "antlr4-python3-runtime"]  # published as source only: built into pure-Python wheels
 DEVICE_HAS = {
@@ -81,26 +94,37 @@ def versions_here() -> Path:
     return path
 
 
-def without_turbomind(wheel: Path) -> None:
-    """Rewrite LMDeploy's wheel without ``lmdeploy/turbomind/_turbomind*.so`` (and its RECORD line)."""
-    library = re.compile(r"lmdeploy/turbomind/_turbomind[^/]*\.so")
+def slimmed(wheel: Path, left_out: re.Pattern) -> None:
+    """Rewrite ``wheel`` without the files whose path ``left_out`` matches (and their RECORD lines)."""
     slim = wheel.with_suffix(".slim")
     with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(slim, "w", zipfile.ZIP_DEFLATED) as target:
         for item in source.infolist():
-            if library.fullmatch(item.filename):
+            if left_out.fullmatch(item.filename):
                 continue
             data = source.read(item)
             if item.filename.endswith(".dist-info/RECORD"):
-                data = b"".join(line for line in data.splitlines(True) if not library.match(line.decode()))
+                lines = data.decode().splitlines(True)
+                data = "".join(line for line in lines if not left_out.fullmatch(line.split(",")[0])).encode()
             target.writestr(item, data)
     slim.replace(wheel)
 
 
-def build(bundle: Path) -> None:
-    """Download or build every wheel, drop what the device has, slim LMDeploy, check the size."""
+def emptied(bundle: Path) -> Path:
     bundle.mkdir(parents=True, exist_ok=True)
     for old in bundle.glob("*.whl"):
         old.unlink()
+    return bundle
+
+
+def without_device_packages(bundle: Path) -> None:
+    for wheel in bundle.glob("*.whl"):
+        if wheel_name(wheel) in DEVICE_HAS or wheel_name(wheel).startswith(("nvidia-", "cuda-")):
+            wheel.unlink()
+
+
+def build(bundle: Path) -> None:
+    """Download or build every wheel, drop what the device has, slim LMDeploy, check the size."""
+    emptied(bundle)
     constraints = versions_here()
     pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(bundle), "-c", str(constraints), *BUILT_HERE)
     pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(bundle), str(ROOT))
@@ -109,10 +133,17 @@ def build(bundle: Path) -> None:
     pip(
         "download", "--quiet", "-d", str(bundle), "--find-links", str(bundle), "-c", str(constraints), *PLATFORM, *needs
     )
-    for wheel in bundle.glob("*.whl"):
-        if wheel_name(wheel) in DEVICE_HAS or wheel_name(wheel).startswith(("nvidia-", "cuda-")):
-            wheel.unlink()
-    without_turbomind(next(bundle.glob("lmdeploy-*.whl")))
+    without_device_packages(bundle)
+    slimmed(next(bundle.glob("lmdeploy-*.whl")), TURBOMIND)
+
+
+def build_ray(bundle: Path) -> None:
+    """Ray without ``RAY_LEFT_OUT``, and the requirements of it the device lacks."""
+    emptied(bundle)
+    pip("download", "--quiet", "--no-deps", "-d", str(bundle), *PLATFORM, RAY)
+    pip("download", "--quiet", "-d", str(bundle), "-c", str(versions_here()), *PLATFORM, *RAY_NEEDS)
+    without_device_packages(bundle)
+    slimmed(next(bundle.glob("ray-*.whl")), RAY_LEFT_OUT)
 
 
 def size_problem(bundle: Path) -> str | None:
@@ -241,8 +272,7 @@ def check(bundle: Path, target: Path) -> int:
     problem = size_problem(bundle)
     if problem:
         return report(problem)
-    pip("install", "--quiet", "--no-index", "--no-deps", "--target", str(target), *map(str, bundle.glob("*.whl")))
-    path = os.pathsep.join([str(target), str(device_like(target.with_name(target.name + "-device")))])
+    path = installed(bundle, target)
     failures = 0
     for package, entries in LOADED.items():
         unmet = unmet_imports([target, Path(path.split(os.pathsep)[1])], package, entries)
@@ -265,6 +295,37 @@ def check(bundle: Path, target: Path) -> int:
     return 1 if failures else 0
 
 
+def installed(bundle: Path, target: Path) -> str:
+    """Every wheel of ``bundle`` installed into ``target`` with --no-index --no-deps; the PYTHONPATH of it
+    and of the device's packages that can be installed here."""
+    pip("install", "--quiet", "--no-index", "--no-deps", "--target", str(target), *map(str, bundle.glob("*.whl")))
+    return os.pathsep.join([str(target), str(device_like(target.with_name(target.name + "-device")))])
+
+
+# What the workers ask of Ray: a local instance, an actor, a call in its background concurrency group.
+RAY_STARTS = """
+import ray
+ray.init(num_cpus=1, include_dashboard=False)
+actor = ray.remote(concurrency_groups={"background": 1})(type("Echo", (), {"echo": lambda self, x: x})).remote()
+assert ray.get(actor.echo.options(concurrency_group="background").remote(7)) == 7
+ray.shutdown()
+"""
+
+
+def check_ray(bundle: Path, target: Path) -> int:
+    """Install the Ray bundle into ``target``, then start a Ray instance from it as rlx's workers use one."""
+    problem = size_problem(bundle)
+    if problem:
+        return report(problem)
+    env = {**os.environ, "PYTHONPATH": installed(bundle, target), "PYTHONNOUSERSITE": "1"}
+    run = subprocess.run([sys.executable, "-c", RAY_STARTS], capture_output=True, text=True, env=env, timeout=300)
+    if run.returncode:
+        print(f"FAILED       ray: {(run.stderr.strip().splitlines() or [''])[-1]}")
+        return 1
+    print("started      ray: a local instance, an actor, a call in its background concurrency group")
+    return 0
+
+
 def sized(bundle: Path) -> int:
     problem = size_problem(bundle)
     return report(problem) if problem else 0
@@ -272,6 +333,7 @@ def sized(bundle: Path) -> int:
 
 if __name__ == "__main__":
     command, bundle, *rest = sys.argv[1:]
-    if command == "build":
-        build(Path(bundle))
-    sys.exit(check(Path(bundle), Path(rest[0])) if command == "check" else sized(Path(bundle)))
+    if command in ("build", "build-ray"):
+        (build if command == "build" else build_ray)(Path(bundle))
+    checks = {"check": check, "check-ray": check_ray}
+    sys.exit(checks[command](Path(bundle), Path(rest[0])) if command in checks else sized(Path(bundle)))

@@ -32,28 +32,38 @@ def test_a_missing_or_oversized_bundle_is_one_line_and_exit_2(tmp_path, wheel_mi
 
 
 def test_the_gpu_check_without_lmdeploy_or_its_bundle_is_one_line_and_exit_2(tmp_path):
-    done = run("scripts/gpu_check.sh", PYTHON=sys.executable, RLX_GPU_BUNDLE=str(tmp_path / "none"))
+    bundle, target = str(tmp_path / "none"), str(tmp_path / "target")  # no earlier call installed one there
+    done = run("scripts/gpu_check.sh", PYTHON=sys.executable, RLX_GPU_BUNDLE=bundle, RLX_BUNDLE_TARGET=target)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"error: {tmp_path / 'none'}: no device bundle here; run `make gpu-bundle` first\n"
 
 
-def test_lmdeploy_travels_without_its_turbomind_library(tmp_path):
-    wheel = tmp_path / "lmdeploy-0.18.0-cp312-cp312-manylinux_2_28_x86_64.whl"
-    so = "lmdeploy/turbomind/_turbomind.cpython-312-x86_64-linux-gnu.so"
-    record = f"lmdeploy/__init__.py,sha256=a,1\n{so},sha256=b,2\nlmdeploy/turbomind/__init__.py,sha256=c,3\n"
+SLIMMED = {
+    "lmdeploy": (gpu_bundle.TURBOMIND, ["lmdeploy/turbomind/_turbomind.cpython-312-x86_64-linux-gnu.so"]),
+    "ray": (
+        gpu_bundle.RAY_LEFT_OUT,
+        ["ray/jars/ray_dist.jar", "ray/dashboard/client/build/index.html", "ray/rllib/__init__.py"],
+    ),
+}
+KEPT = {
+    "lmdeploy": ["lmdeploy/__init__.py", "lmdeploy/turbomind/__init__.py"],
+    "ray": ["ray/__init__.py", "ray/_raylet.so", "ray/core/src/ray/raylet/raylet", "ray/dashboard/agent.py"],
+}
+
+
+@pytest.mark.parametrize("package", SLIMMED)
+def test_lmdeploy_and_ray_travel_without_what_the_device_never_runs(tmp_path, package):
+    left_out, dropped = SLIMMED[package]
+    wheel = tmp_path / f"{package}-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    record = f"{package}-1.0.dist-info/RECORD"
     with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr("lmdeploy/__init__.py", "")
-        archive.writestr("lmdeploy/turbomind/__init__.py", "")
-        archive.writestr(so, b"\0" * 64)
-        archive.writestr("lmdeploy-0.18.0.dist-info/RECORD", record)
-    gpu_bundle.without_turbomind(wheel)
+        for name in [*KEPT[package], *dropped]:
+            archive.writestr(name, b"\0" * 64)
+        archive.writestr(record, "".join(f"{name},sha256=x,64\n" for name in [*KEPT[package], *dropped]))
+    gpu_bundle.slimmed(wheel, left_out)
     with zipfile.ZipFile(wheel) as archive:
-        assert archive.namelist() == [
-            "lmdeploy/__init__.py",
-            "lmdeploy/turbomind/__init__.py",
-            "lmdeploy-0.18.0.dist-info/RECORD",
-        ]
-        assert so not in archive.read("lmdeploy-0.18.0.dist-info/RECORD").decode()
+        assert archive.namelist() == [*KEPT[package], record]
+        assert [line.split(",")[0] for line in archive.read(record).decode().splitlines()] == KEPT[package]
 
 
 def test_the_read_through_finds_what_loaded_modules_import_and_nothing_provides(tmp_path):

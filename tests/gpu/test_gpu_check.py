@@ -21,7 +21,9 @@ so a part cut off by the script's time limit loses only its own figures. Its par
   budget and so micro-batch count, attention implementation, activation checkpointing, logits_to_keep);
 - ``pipeline`` (d): 3 `rlx fit` steps with LMDeploy rollouts and bf16 ZeRO-2, each step's time split into
   its parts (``time/step/*``, with ``other``, the share no part measured), MFU, peak GPU memory and
-  ``perf/throughput`` as verl logs it (prompt plus response tokens of the step, per second, per GPU).
+  ``perf/throughput`` as verl logs it (prompt plus response tokens of the step, per second, per GPU);
+- ``pipeline_one_worker``: (d) on a Ray worker group of one (skipped without Ray, which travels in a
+  device call of its own: ``RLX_GPU_CHECK_SELECT=fit_steps_with or one_worker``, with the Ray bundle).
 
 The two sweeps start a setting only while the check is within its budget (``SWEEP_STARTS_BY``,
 ``TRAINING_STARTS_BY`` seconds in), so that (d) always runs within the script's 9 minutes; a setting left
@@ -342,6 +344,7 @@ STEP_KEYS = (
     "mismatch/",
     "train/trainable_params",
     "train/optimizer_state_bytes",
+    "train/world_size",
     "checkpoint/",
     "agent/",
 )
@@ -356,11 +359,13 @@ def fit_on_gpu(tmp_path, qwen_shaped, overrides: list[str]) -> dict:
     cfg, metrics, _ = qwen_shaped
     project = make_project(tmp_path, (cfg, metrics))
     torch.cuda.reset_peak_memory_stats()
+    held_before = torch.cuda.memory_allocated() / 2**30
     with contextlib.chdir(project):
         history = fit(project / "params.yaml", overrides)
         layout = RunLayout(config.load(project / "params.yaml", overrides).work_dir.resolve())
     return {
         "work_dir": str(layout.work_dir),
+        "gpu_memory_allocated_before_gib": held_before,  # by this process, left by the parts before
         "peak_gpu_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,  # engine and trainer: one process
         "peak_gpu_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
         "steps": [
@@ -399,6 +404,29 @@ def test_three_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):
         sum(v for k, v in m.items() if k.startswith("time/step/")) == pytest.approx(m["time/step"]) for m in steps
     )
     assert device_peak(torch.device("cuda")) is None or all("perf/mfu/forward_backward" in m for m in steps)
+
+
+@pytest.fixture
+def one_gpu_node():
+    """A Ray cluster of one node holding this machine's GPU, as `ray start --head` would start it."""
+    pytest.importorskip("ray", reason="needs Ray: its bundle travels in a call of its own (scripts/gpu_bundle.py)")
+    from ray.cluster_utils import Cluster
+
+    node = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 1, "include_dashboard": False})
+    yield node.address
+    node.shutdown()
+
+
+def test_three_fit_steps_on_a_one_worker_group(tmp_path, qwen_shaped, one_gpu_node):
+    """(d) again, its policy, trainer and LMDeploy engine in a Ray actor holding the GPU (rlx.workers, NCCL
+    among one rank): its figures should be (d)'s within noise, and the driver holds no GPU memory."""
+    group = [f"resources.ray_address={one_gpu_node}", "resources.num_cpus_per_worker=4"]
+    REPORT["pipeline_one_worker"] = fit_on_gpu(tmp_path, qwen_shaped, [*PIPELINE, "rollout_steps=3", *group])
+    steps = REPORT["pipeline_one_worker"]["steps"]
+    print("\n" + breakdown_table(steps))
+    assert len(steps) == 3 and all(m["train/world_size"] == 1 and m["time/workers"] > 0 for m in steps)
+    held = REPORT["pipeline_one_worker"]
+    assert held["peak_gpu_memory_allocated_gib"] == held["gpu_memory_allocated_before_gib"]  # all of it the worker's
 
 
 def test_three_lora_fit_steps_with_lmdeploy_and_bf16_zero2(tmp_path, qwen_shaped):
