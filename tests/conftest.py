@@ -46,8 +46,8 @@ def pytest_xdist_make_scheduler(config, log):
 # The files whose runs take longest (`pytest --durations`) go first, so that no worker is left with a
 # long file at the end while the other idles; but while the first of them builds the tiny model (minutes),
 # then the run it shares with test_shared_repo (two_step_run), the files that never need them go to the
-# other worker, and then test_pipeline, which needs the model only.
-SLOWEST_FIRST = ["test_resume.py", "test_pipeline.py", "test_shared_repo.py", *sorted(RAY_FILES), "test_notebooks.py"]
+# other worker, then test_pipeline, which needs the model only, then the Ray files (8 minutes together).
+SLOWEST_FIRST = ["test_resume.py", "test_pipeline.py", *sorted(RAY_FILES), "test_shared_repo.py", "test_notebooks.py"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
