@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import datasets
 import pytest
 
@@ -98,3 +100,26 @@ def test_broken_rows_are_reported_by_file_and_row(tmp_path, content, message):
 def test_missing_dataset_names_the_path(tmp_path):
     with pytest.raises(DataError, match="no such dataset file"):
         load_rows(tmp_path / "absent.parquet")
+
+
+def test_the_prompt_pool_is_tokenized_once_per_process_and_made_again_when_its_data_change(untrained_model, tmp_path):
+    """`rlx fit` checks the pool before the run (rlx.run.preflight) and runs from it: one tokenization, but
+    never a pool of files that have changed since."""
+    from rlx import config
+    from rlx.tasks.data import PromptPool, prompt_ids
+    from rlx.training.loading import load_tokenizer
+
+    cfg, _ = untrained_model
+    tokenizer = load_tokenizer(cfg.tiny_model.output_dir, cfg.tiny_model.output_dir)
+    prompts = [[{"role": "user", "content": f"{n} + 1"}] for n in range(4)]
+    rows = [
+        json.dumps({"data_source": "rlx/arith", "prompt": p, "reward_model": {"ground_truth": "1"}}) for p in prompts
+    ]
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(rows[:3]) + "\n")
+    run = config.load(None, [f"replay_buffer_config.dataset_cfg=[{{name: t, anno_path: {data}}}]"])
+    pool = PromptPool.load(run, tokenizer)
+    assert PromptPool.load(run, tokenizer) is pool
+    assert [r["prompt_ids"] for r in pool.rows] == [prompt_ids(tokenizer, p) for p in prompts[:3]]  # as one by one
+    data.write_text("\n".join(rows) + "\n")
+    assert len(PromptPool.load(run, tokenizer).rows) == 4
