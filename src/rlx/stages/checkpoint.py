@@ -63,7 +63,7 @@ def save_base(paths: StepPaths, engines) -> None:
 
 def save_trainer(step: int, paths: StepPaths, engines, snapshot=None) -> None:
     """The trainer's policy and optimizer state: from the copy `rlx fit` took, or as the trainer holds them."""
-    snapshot = snapshot or engines.trainer(step).snapshot(engines.tokenizer)
+    snapshot = snapshot or engines.snapshot(step)
     with disk_full_reported(paths):
         snapshot.write(paths.policy, paths.trainer_state)
     release_freed_memory()

@@ -81,7 +81,7 @@ class Worker(RolloutWorker):
     def start_checkpoint(self, step: int) -> None:
         """Copy this rank's trainer state after ``step`` steps to host memory, together with the other ranks,
         and write it in a thread of this actor's own while the driver goes on with the next steps."""
-        snapshot = self.engines.trainer(step).snapshot(self.engines.tokenizer)
+        snapshot = self.engines.snapshot(step)
         paths = RunLayout(self.config.work_dir).step(step)
         self.writing = self.writer.submit(module("checkpoint").save_trainer, step, paths, self.engines, snapshot)
 
