@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from rlx.errors import UserError
+from rlx.tokens import decode, encode_many
 
 CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 MODEL_TURN = "<rlx-model-turn>"
@@ -70,13 +71,7 @@ def tool_turn_ids(tokenizer, messages: list[dict]) -> list[int]:
 
 def tool_turns_ids(tokenizer, turns: list[list[dict]]) -> list[list[int]]:
     """:func:`tool_turn_ids` of many rollouts' turns, encoded in one batch."""
-    return encoded(tokenizer, [tool_turn_text(tokenizer, messages) for messages in turns])
-
-
-def encoded(tokenizer, texts: list[str]) -> list[list[int]]:
-    """The texts' ids in one batch call: a fast tokenizer encodes them in parallel and its wrapper's
-    cost is paid once, not per text (a turn of 128 rollouts has 128 results and 128 tool turns)."""
-    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return encode_many(tokenizer, [tool_turn_text(tokenizer, messages) for messages in turns])
 
 
 def tool_turn_text(tokenizer, messages: list[dict]) -> str:
@@ -143,7 +138,7 @@ def shown_results(tokenizer, results: list[tuple[object, str | None]], limit: in
     cut, which is one too. The texts are encoded in one batch."""
     errors = [error if error is not None or isinstance(value, str) else not_text(value) for value, error in results]
     texts = [value if error is None else f"Error: {error}" for (value, _), error in zip(results, errors, strict=True)]
-    return [cut(tokenizer, *shown, limit) for shown in zip(texts, errors, encoded(tokenizer, texts), strict=True)]
+    return [cut(tokenizer, *shown, limit) for shown in zip(texts, errors, encode_many(tokenizer, texts), strict=True)]
 
 
 def not_text(value: object) -> str:
@@ -155,4 +150,4 @@ def cut(tokenizer, text: str, error: str | None, ids: list[int], limit: int) -> 
     if len(ids) <= limit:
         return text, error
     note = f"output cut to {limit} of {len(ids)} tokens (agent_loop_config.max_tool_response_tokens)"
-    return f"{tokenizer.decode(ids[:limit])} [Error: {note}]", error or note
+    return f"{decode(tokenizer, ids[:limit], skip_special_tokens=False)} [Error: {note}]", error or note

@@ -28,6 +28,7 @@ from rlx.errors import UserError
 from rlx.samplers.types import Generation
 from rlx.store import faults
 from rlx.tasks.data import prompt_ids
+from rlx.tokens import decode, decode_many
 
 RESET_FAILED = "reset_failed"  # the finish of a rollout whose environment could not start: no turn, scored 0
 
@@ -110,8 +111,9 @@ class AgentLoop:
     def budget(self, trajectory: Trajectory) -> int:
         return self.params.max_tokens - len(trajectory.response_ids)
 
-    def take_turn(self, trajectory: Trajectory, generation: Generation) -> list[ToolCall]:
-        """Append the model's turn; the calls to run next, none when the rollout ends with it."""
+    def take_turn(self, trajectory: Trajectory, generation: Generation, raw: str | None = None) -> list[ToolCall]:
+        """Append the model's turn; the calls to run next, none when the rollout ends with it. ``raw``: the
+        turn decoded with its special tokens, where the caller decoded the turns of a batch together."""
         budget = self.budget(trajectory)
         ids = generation.response_ids[:budget]
         cut = len(ids) < len(generation.response_ids)
@@ -121,7 +123,9 @@ class AgentLoop:
         if cut or generation.finish_reason == "length":
             trajectory.finish_reason = "length"
             return []
-        calls = parse_calls(self.tokenizer.decode(ids, skip_special_tokens=False), self.known)
+        if raw is None:
+            raw = decode(self.tokenizer, ids, skip_special_tokens=False)
+        calls = parse_calls(raw, self.known)
         if not calls:
             trajectory.finish_reason = generation.finish_reason
         elif trajectory.turns >= self.config.max_turns:
@@ -165,12 +169,13 @@ class AgentLoop:
         results = run_chains([[t.session.environment.reward] for t in scored], self.config.tool_timeout)
         for trajectory, (outcome,) in zip(scored, results, strict=True):
             trajectory.reward, trajectory.reward_error = number(outcome)
-        for trajectory in trajectories:
-            trajectory.text = self.decode(trajectory.response_ids)
+        texts = decode_many(self.tokenizer, [t.response_ids for t in trajectories], self.params.skip_special_tokens)
+        for trajectory, text in zip(trajectories, texts, strict=True):
+            trajectory.text = text
         return trajectories
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
+        return decode(self.tokenizer, ids, self.params.skip_special_tokens)
 
     def run(self, sampler, trajectories: list[Trajectory], seed: int) -> list[Trajectory]:
         """Every rollout to its end, by the sampler's own agent driver (``converse``) if it has one. A
@@ -192,9 +197,10 @@ class AgentLoop:
             params = self.params.model_copy(update={"max_tokens": max(self.budget(t) for _, t in active)})
             row_seeds = [turn_seed(seed + index, turn) for index, _ in active]
             generations = sampler.generate([t.context() for _, t in active], params, seed=row_seeds)
+            raws = decode_many(self.tokenizer, [g.response_ids for g in generations], skip_special_tokens=False)
             running = []
-            for (_, trajectory), generation in zip(active, generations, strict=True):
-                calls = self.take_turn(trajectory, generation)
+            for (_, trajectory), generation, raw in zip(active, generations, raws, strict=True):
+                calls = self.take_turn(trajectory, generation, raw)
                 if calls:  # its tools start now, while the other rollouts' turns are read
                     running.append((trajectory, calls, self.chain(trajectory, calls)))
             self.add_results([(t, calls, chain.outcomes(self.config.tool_timeout)) for t, calls, chain in running])

@@ -35,6 +35,7 @@ from rlx.config import RolloutConfig, SampleParams
 from rlx.errors import UserError
 from rlx.samplers.transformers_backend import is_greedy, stop_ids
 from rlx.samplers.types import Generation, row_seeds
+from rlx.tokens import decode
 from rlx.training.distributed import buckets
 
 BUCKET_BYTES = 1 << 30  # weights per update request: bounds the engine's transient copy
@@ -85,7 +86,7 @@ def to_generation(
     generation = Generation(
         prompt_ids=list(prompt_ids),
         response_ids=list(token_ids),
-        text=tokenizer.decode(list(token_ids), skip_special_tokens=params.skip_special_tokens),
+        text=decode(tokenizer, list(token_ids), params.skip_special_tokens),
         logprobs=picked,
         finish_reason=finish_reason,
     )

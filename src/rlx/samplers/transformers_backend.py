@@ -20,6 +20,7 @@ from transformers import (
 
 from rlx.config import SampleParams
 from rlx.samplers.types import Generation, row_seeds
+from rlx.tokens import decode_many
 
 
 def stop_ids(tokenizer: PreTrainedTokenizerBase, params: SampleParams) -> list[int]:
@@ -118,20 +119,14 @@ def _generate_batch(model, tokenizer, chunk, kwargs, temperature, params) -> lis
     logits = torch.stack(out.logits, dim=1).float().cpu() / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
     stops = set(kwargs["eos_token_id"])
-    generations = []
-    for row, ids in enumerate(chunk):
-        response = new_tokens[row].tolist()
-        length, finish = _response_length(response, stops, pad, params.max_tokens)
-        response = response[:length]
-        generations.append(
-            Generation(
-                prompt_ids=list(ids),
-                response_ids=response,
-                text=tokenizer.decode(response, skip_special_tokens=params.skip_special_tokens),
-                logprobs=token_logprobs[row, :length].tolist(),
-                finish_reason=finish,
-            )
-        )
+    sampled = new_tokens.tolist()
+    ends = [_response_length(response, stops, pad, params.max_tokens) for response in sampled]
+    responses = [response[:length] for response, (length, _) in zip(sampled, ends, strict=True)]
+    texts = decode_many(tokenizer, responses, params.skip_special_tokens)
+    generations = [
+        Generation(list(ids), response, text, token_logprobs[row, :length].tolist(), finish)
+        for row, (ids, response, text, (length, finish)) in enumerate(zip(chunk, responses, texts, ends, strict=True))
+    ]
     if params.stops:
         generations = [g.cut_at_stop_strings(params.stops) for g in generations]
     return generations

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
+from rlx.tokens import encode_many
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
 
@@ -132,7 +133,7 @@ def prompts_ids(tokenizer, conversations: list[list[dict]], tools: list[dict] | 
         return []
     extra = {"tools": tools} if tools else {}
     texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False, **extra)
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return encode_many(tokenizer, texts)
 
 
 def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

@@ -1,0 +1,54 @@
+"""Encoding and decoding in bulk, straight through a fast tokenizer's Rust backend where that gives the
+very ids and text transformers' own call would, and through transformers' call otherwise.
+
+Why: an agent's turn encodes and decodes a few short texts per rollout, and transformers' wrapper costs
+more than the work itself (measured on the demo tokenizer: 11 us against 5 us to decode a 55-token call,
+4.1 ms against 2.6 ms to encode 128 tool turns). The wrapper adds nothing when the backend pads and
+truncates nothing, splits special tokens as the wrapper would, and the decoded text is not "cleaned up"
+(``clean_up_tokenization_spaces``, off for the Qwen family); where any of these differs, the wrapper runs.
+"""
+
+from __future__ import annotations
+
+
+def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
+    """The ids of each text, without special tokens added: ``tokenizer(texts, add_special_tokens=False)``."""
+    if not texts:
+        return []
+    backend = plain_encoder(tokenizer)
+    if backend is None:
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def decode(tokenizer, ids: list[int], skip_special_tokens: bool) -> str:
+    """``tokenizer.decode(ids, skip_special_tokens=...)``."""
+    backend = plain_decoder(tokenizer)
+    if backend is None:
+        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    return backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def decode_many(tokenizer, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    """:func:`decode` of each sequence. One by one: the backend's parallel ``decode_batch`` is no faster
+    for a turn's short texts and, right after generation, waits on cores torch's threads still hold."""
+    backend = plain_decoder(tokenizer) or tokenizer
+    return [backend.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
+
+
+def plain_encoder(tokenizer):
+    """The Rust tokenizer, if encoding through it gives the wrapper's ids; else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.padding is not None or backend.truncation is not None:
+        return None
+    if backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False)):
+        return None
+    return backend
+
+
+def plain_decoder(tokenizer):
+    """The Rust tokenizer, if decoding through it gives the wrapper's text; else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return backend
