@@ -7,6 +7,7 @@ import copy
 import json
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,54 @@ def test_tool_threads_are_kept_for_the_next_turn_and_a_hung_one_holds_up_none(mo
     assert tools() == []
 
 
+def test_async_tools_wait_together_on_one_event_loop_and_are_cancelled_past_their_deadline(monkeypatch):
+    """64 async calls of 50 ms take no thread each and end together; a hung one is cancelled at its deadline
+    and the calls after it are skipped; a bug is the call's error; in a chain with a plain tool, the async
+    call still runs on the loop."""
+    from helpers import agents, async_agents
+    from rlx.agents import calls
+
+    monkeypatch.setattr(calls, "THREADS", calls.DaemonThreads("rlx-tool-test"))
+    session = AgentLoopConfig(tools=["helpers.async_agents:where"]).toolbox().session({})
+    started = time.perf_counter()
+    outcomes = run_chains([[async_agents.pause]] * 64 + [[session.job("where", {})]], timeout=5.0)
+    assert time.perf_counter() - started < 1.0
+    assert [o.value for (o,) in outcomes] == ["ok"] * 64 + ["rlx-tool-loop"]
+    assert not [t for t in threading.enumerate() if t.name == "rlx-tool-test"]
+    label = f"hung-{time.monotonic()}"
+    (hung, skipped), (bug,), (plain, mixed) = run_chains(
+        [
+            [partial(async_agents.hang, label), async_agents.pause],
+            [async_agents.broken],
+            [agents.pause, async_agents.where],
+        ],
+        timeout=0.2,
+    )
+    assert (hung.timed_out, skipped.error) == (True, "not run: an earlier call of this turn timed out")
+    assert bug.error == "ValueError: async tool bug"
+    assert (plain.value, mixed.value) == ("ok", "rlx-tool-loop")
+    deadline = time.monotonic() + 2.0
+    while label not in async_agents.CANCELLED and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert label in async_agents.CANCELLED
+
+
+def test_a_tool_past_its_deadline_on_an_event_loop_leaves_its_thread_unharmed(monkeypatch):
+    """LMDeploy's driver waits on a turn's calls from its event loop, which cancels the future it gives up
+    on; the tool's thread, ending later, must not fail setting it (it once did, with InvalidStateError)."""
+    import asyncio
+
+    from helpers import agents
+    from rlx.agents.calls import Chain
+
+    failures = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    outcomes = asyncio.run(Chain([lambda: agents.sleepy(0.2), agents.pause]).outcomes_async(0.05))
+    assert [o.timed_out for o in outcomes] == [True, False]
+    time.sleep(0.4)
+    assert failures == []
+
+
 def test_tool_results_follow_the_model_turn_as_the_chat_template_renders_them(tokenizer):
     """After the model's end-of-turn token: the newline the template writes, the tool message, the next prompt."""
     ids = tool_turn_ids(tokenizer, [{"role": "tool", "name": "add", "content": "5"}])
@@ -128,8 +177,9 @@ def test_a_tool_turn_is_the_template_s_own_rendering_of_its_messages(tokenizer, 
     )
 
 
-def test_an_environment_is_made_per_rollout_its_methods_are_the_tools_and_its_reward_a_judger(tokenizer):
-    config = AgentLoopConfig(environment="helpers.agents:Counter", max_turns=2)
+@pytest.mark.parametrize("environment", ["helpers.agents:Counter", "helpers.async_agents:AsyncCounter"])
+def test_an_environment_is_made_per_rollout_its_methods_are_the_tools_and_its_reward_a_judger(tokenizer, environment):
+    config = AgentLoopConfig(environment=environment, max_turns=2)
     loop = AgentLoop(config, tokenizer, SampleParams(max_tokens=400))
     assert [s["function"]["name"] for s in loop.toolbox.schemas] == ["increment"]
     first, second = (loop.start(reset_row("count", [{"role": "user", "content": "?"}], "3"), [0]) for _ in range(2))

@@ -9,16 +9,23 @@ before it ended; past that, it and the calls after it in its chain are given up.
 
 The threads are kept for the next turn's chains (:class:`DaemonThreads`): starting one costs about as
 much as a turn's other work for its rollout (~0.2 ms), 25 ms for a turn of 128 rollouts.
+
+A chain whose tools are all coroutine functions (``async def``, as verl's tools are) runs on one event loop
+in a thread of its own (:class:`EventLoopThread`) instead: its calls take no thread each, and a call past
+its deadline is cancelled, which a thread cannot be. (Not faster here: 128 calls of 50 ms end 7.9-8.4 ms
+after the first starts, against 9.7-11 ms in threads, within the agent benchmark's noise.) Such a tool
+must not block: it would hold up every other one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -77,36 +84,86 @@ class DaemonThreads:
                 self._idle += 1
 
 
-THREADS = DaemonThreads()
+class EventLoopThread:
+    """An event loop run in a daemon thread, started on first use, for the coroutines of async tools."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, coroutine: Coroutine) -> Future:
+        """Run ``coroutine`` on the loop; its future (cancelling it cancels the coroutine)."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="rlx-tool-loop", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+
+THREADS, LOOP = DaemonThreads(), EventLoopThread()
 
 
 def _new_pool_in_child() -> None:
-    global THREADS
-    THREADS = DaemonThreads()  # a forked child has none of its parent's threads
+    global THREADS, LOOP
+    THREADS, LOOP = DaemonThreads(), EventLoopThread()  # a forked child has none of its parent's threads
 
 
 os.register_at_fork(after_in_child=_new_pool_in_child)
 
 
 class Chain:
-    """Calls (functions of no arguments) run in order in a daemon thread, started at once."""
+    """Calls (functions of no arguments) run in order, started at once: on the event loop if every call is
+    a coroutine function, else in a daemon thread (where an async call's coroutine is run on the loop)."""
 
     def __init__(self, calls: list[Callable[[], object]]):
         self.futures: list[Future] = [Future() for _ in calls]
         self.ended: list[float | None] = [None] * len(calls)  # monotonic time each call ended
         self.started = time.monotonic()
-        if calls:
+        self.task: Future | None = None  # the chain's coroutine on the event loop, if it runs there
+        if calls and all(inspect.iscoroutinefunction(call) for call in calls):
+            self.task = LOOP.submit(self._run_async(calls))
+        elif calls:
             THREADS.submit(lambda: self._run(calls))
 
     def _run(self, calls: list[Callable[[], object]]) -> None:
         for index, call in enumerate(calls):
+            if not self._begin(index):
+                return
             begun = time.perf_counter()
             try:
                 value, error = call(), None
+                if inspect.isawaitable(value):
+                    value = LOOP.submit(value).result()
             except Exception as exc:  # noqa: BLE001 - a tool's bug is shown to the model, not the run's end
                 value, error = None, f"{type(exc).__name__}: {exc}"
-            self.ended[index] = time.monotonic()
-            self.futures[index].set_result(Outcome(value, error, time.perf_counter() - begun))
+            self._end(index, Outcome(value, error, time.perf_counter() - begun))
+
+    async def _run_async(self, calls: list[Callable[[], object]]) -> None:
+        for index, call in enumerate(calls):
+            if not self._begin(index):
+                return
+            begun = time.perf_counter()
+            try:
+                value, error = await call(), None
+            except Exception as exc:  # noqa: BLE001 - as in _run (a cancellation is no Exception: it ends the chain)
+                value, error = None, f"{type(exc).__name__}: {exc}"
+            self._end(index, Outcome(value, error, time.perf_counter() - begun))
+
+    def _begin(self, index: int) -> bool:
+        """Mark call ``index`` running, so its waiter can no longer cancel its future (an event loop's
+        waiter cancels the future it gave up on); False if it already did: the chain's waiter is gone."""
+        return self.futures[index].set_running_or_notify_cancel()
+
+    def _end(self, index: int, outcome: Outcome) -> None:
+        self.ended[index] = time.monotonic()
+        self.futures[index].set_result(outcome)
+
+    def given_up(self, index: int, timeout: float) -> list[Outcome]:
+        """The outcomes from call ``index``, which ran past its deadline, on: a timeout, then the skipped
+        calls. An async chain is cancelled; a thread cannot be, so it is left to end by itself."""
+        if self.task is not None:
+            self.task.cancel()
+        return [timed_out(timeout)] + [SKIPPED] * (len(self.futures) - index - 1)
 
     def left(self, index: int, timeout: float) -> float:
         """Seconds call ``index`` has left: ``timeout`` from the end of the call before it (its start)."""
@@ -120,7 +177,7 @@ class Chain:
             try:
                 results.append(future.result(timeout=self.left(index, timeout)))
             except FutureTimeout:
-                return results + [timed_out(timeout)] + [SKIPPED] * (len(self.futures) - index - 1)
+                return results + self.given_up(index, timeout)
         return results
 
     async def outcomes_async(self, timeout: float) -> list[Outcome]:
@@ -131,7 +188,7 @@ class Chain:
                 if not future.done():  # (a done one is taken as is: the loop may come to it past its deadline)
                     await asyncio.wait_for(asyncio.wrap_future(future), self.left(index, timeout))
             except TimeoutError:
-                return results + [timed_out(timeout)] + [SKIPPED] * (len(self.futures) - index - 1)
+                return results + self.given_up(index, timeout)
             results.append(future.result())
         return results
 

@@ -1,7 +1,8 @@
 """The tools an agent may call, from the config only: functions named ``package.module:function``, or
-the public methods of an environment class. Each tool's JSON schema comes from its type hints and
-docstring through ``transformers.utils.get_json_schema``, the function chat templates render ``tools``
-with (TRL and verl derive schemas the same way), so the schema the model is shown is the one checked.
+the public methods of an environment class, plain or ``async def``. Each tool's JSON schema comes from
+its type hints and docstring through ``transformers.utils.get_json_schema``, the function chat templates
+render ``tools`` with (TRL and verl derive schemas the same way), so the schema the model is shown is
+the one checked.
 
 An environment (TRL's ``environment_factory``, OpenRLHF's ``AgentInstance``) is a class made once per
 rollout: ``reset(row)`` gives the conversation to start from (chat messages, a string taken as the
@@ -12,11 +13,13 @@ judger reads it from the artifact).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rlx.agents import calls
 from rlx.errors import UserError
 from rlx.plugins import load_callable, load_object
 
@@ -87,6 +90,8 @@ class Toolbox:
             return Session(self.functions, None, None)
         instance = self.environment()
         start = instance.reset(row)
+        if inspect.isawaitable(start):  # an async reset, run on the async tools' event loop
+            start = calls.LOOP.submit(start).result()
         bound = {name: getattr(instance, name) for name in self.functions}
         return Session(bound, instance, start)
 
@@ -101,9 +106,9 @@ class Session:
     start: object
 
     def job(self, name: str, arguments: dict) -> Callable[[], object]:
-        """The call ``name(**arguments)``, to run later (in a tool thread, under the deadline)."""
-        function = self.tools[name]
-        return lambda: function(**arguments)
+        """The call ``name(**arguments)``, to run later under the deadline (a partial, so an async tool's
+        call is still seen as a coroutine function: rlx.agents.calls.Chain runs it on the event loop)."""
+        return functools.partial(self.tools[name], **arguments)
 
     def has_reward(self) -> bool:
         return callable(getattr(self.environment, "reward", None))

@@ -16,8 +16,8 @@ class AgentLoopConfig(Section):
 
     tools: list[str] = Field(
         default_factory=list,
-        description="Functions the model may call, as 'package.module:function'; type hints and a docstring "
-        "(an 'Args:' line per argument) give the schema the chat template shows the model.",
+        description="Functions the model may call (plain or async def), as 'package.module:function'; type hints "
+        "and a docstring (an 'Args:' line per argument) give the schema the chat template shows the model.",
     )
     environment: str | None = Field(
         None,
@@ -36,7 +36,7 @@ class AgentLoopConfig(Section):
         gt=0,
         le=3600,
         description="Seconds a tool call may take (an environment's reward() too); past it the model is shown "
-        "a timeout error and the call's thread is abandoned.",
+        "a timeout error and the call's thread is abandoned (an async call is cancelled).",
     )
 
     @model_validator(mode="after")
