@@ -547,6 +547,9 @@ def async_table(f: dict) -> list[str]:
     return lines
 
 
+TOOL_KINDS = {"thread": "plain tool (threads)", "async": "async tool (event loop)"}
+
+
 def agent_table(f: dict) -> list[str]:
     """The agent loop's cost over generation, by model size, and its cost per turn as a conversation grows."""
     lines = []
@@ -560,7 +563,8 @@ def agent_table(f: dict) -> list[str]:
                 "|---|---|---|---|---|",
             ]
         lines.append(
-            f"| {name.split('/')[1]} model ({a['parameters'] / 1e6:.2f} M), {a['rollouts']} rollouts, "
+            f"| {name.split('/')[1]} model ({a['parameters'] / 1e6:.2f} M), {TOOL_KINDS[name.split('/')[2]]}, "
+            f"{a['rollouts']} rollouts, "
             f"{a['model_tokens']:,} model tokens | {a['agent_s']:.2f} s ({a['generating_in_agent_s']:.2f} s) "
             f"| {a['generation_alone_s']:.2f} s ({', '.join(f'{r:.2f}' for r in a['alone_ratio_by_round'])}) "
             f"| {a['extra_s']:.3f} s (rounds: {', '.join(f'{x:.3f}' for x in a['extra_by_round'])}) "

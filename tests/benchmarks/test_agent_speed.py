@@ -8,6 +8,8 @@ tools. The tools of different rollouts run together, so the issue's target is ag
 2 x 50 ms x 1.2: the agent loop's wall time minus the seconds its own generate calls took, each round.
 Two model sizes: the untrained model (1 layer of 32: generation cheap, the tools' share large) and a
 random-init model of the demo's shape (4 layers of 160), each first taught the conversation by heart.
+Two kinds of tool: a plain function (its calls in threads, ``helpers.agents.pause``) and the same as
+``async def`` (its calls on one event loop, ``helpers.async_agents.pause``).
 
 Per-turn cost: the loop's own work for each turn of a 128-turn conversation (reading the model's
 turn, rendering and tokenizing the tool's result) against a loop that renders and tokenizes the whole
@@ -35,7 +37,8 @@ PROMPTS, K = 16, FLOW.prompt_repeat_k  # the demo's batch: 16 prompts x 8
 TOOL_S, CALLS = 0.05, 2
 SHAPE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 CALL = '<tool_call>\n{"name": "pause", "arguments": {}}\n</tool_call>'
-AGENT = AgentLoopConfig(tools=["helpers.agents:pause"], max_turns=CALLS + 1, tool_timeout=5.0)
+TOOLS = {"thread": "helpers.agents:pause", "async": "helpers.async_agents:pause"}  # both named pause
+AGENT = AgentLoopConfig(tools=[TOOLS["thread"]], max_turns=CALLS + 1, tool_timeout=5.0)
 PARAMS = SampleParams(max_tokens=256, temperature=0.0)
 
 
@@ -73,7 +76,8 @@ def agent_batch(request, untrained_model, tmp_path_factory):
     return request.param, taught(start, tokenizer, prompts, base / "model"), tokenizer, prompts, cfg
 
 
-def test_agent_rollout_overhead(benchmark, agent_batch):
+@pytest.mark.parametrize("tool", list(TOOLS))
+def test_agent_rollout_overhead(benchmark, agent_batch, tool):
     """Rounds alternate the agent loop and its generate calls alone, so a drift in speed hits both; the
     verdict compares each agent round with its own generate calls' seconds (the machine's noise between
     two rounds, seconds on a shared one, would swamp the 0.1 s measured)."""
@@ -81,7 +85,7 @@ def test_agent_rollout_overhead(benchmark, agent_batch):
 
     name, model, tokenizer, prompts, cfg = agent_batch
     sampler = TransformersSampler(model, tokenizer, cfg.rollout_config)
-    loop = AgentLoop(AGENT, tokenizer, PARAMS)
+    loop = AgentLoop(AGENT.model_copy(update={"tools": [TOOLS[tool]]}), tokenizer, PARAMS)
     recorded, generating = Recorded(sampler), []
 
     def agent():
@@ -102,7 +106,7 @@ def test_agent_rollout_overhead(benchmark, agent_batch):
     model_tokens = sum(sum(t.response_mask) for t in rollouts)
     assert model_tokens == sum(len(g.response_ids) for batch in generated for g in batch), "not the same tokens"
     record(
-        f"agent_overhead/{name}",
+        f"agent_overhead/{name}/{tool}",
         {
             "rollouts": len(rollouts),
             "calls_per_rollout": CALLS,
