@@ -18,7 +18,8 @@ def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
     backend = plain_encoder(tokenizer)
     if backend is None:
         return tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # (no offsets: tokenizers >= 0.21.1)
+    return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
 
 
 def decode(tokenizer, ids: list[int], skip_special_tokens: bool) -> str:
