@@ -1,7 +1,10 @@
 """Rollout tokens/s: rlx's transformers backend against a bare ``model.generate`` on the same batch
-(the demo's 16 prompts x 8 responses x 32 new tokens), with the same generation kwargs and seed, so
-both sample the very same tokens. The difference is what rlx adds: padding the prompts, log-probs
-of the sampled tokens, decoding, and the ``Generation`` records."""
+(the demo's 16 prompts x 8 responses), both sampling at the demo's temperature, every response exactly
+32 tokens long (``min_tokens`` = ``max_tokens``), so both sides take the same number of decoding steps.
+(Letting each side stop at its own EOS made the longest response, and so the step count, differ by
+chance between the sides: 0.93x on one machine, 0.77x on another.) The difference is what rlx adds:
+sampling each row from its own seeded stream, padding the prompts, log-probs of the sampled tokens,
+decoding, and the ``Generation`` records."""
 
 from __future__ import annotations
 
@@ -41,7 +44,9 @@ def test_rollout_rlx_vs_bare(benchmark, batch):
     """Rounds alternate rlx and bare generate, so a drift in the machine's speed hits both alike."""
     model, tokenizer, prompts = batch
     params = DEMO.dataflow_config.sample_params
-    kwargs = generation_kwargs(tokenizer, params)
+    params = params.model_copy(update={"min_tokens": params.max_tokens})
+    sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+    kwargs = generation_kwargs(tokenizer, params) | sampling  # generate's own sampler, one stream for the batch
     pad, width = tokenizer.pad_token_id, max(len(ids) for ids in prompts)
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
     attention_mask = (torch.arange(width) >= torch.tensor([width - len(ids) for ids in prompts]).unsqueeze(-1)).long()
@@ -60,5 +65,6 @@ def test_rollout_rlx_vs_bare(benchmark, batch):
         "rlx": sum(len(o.response_ids) for o in outputs),
         "bare": response_tokens(out.sequences[:, width:], set(stop_ids(tokenizer, params)), pad),
     }
+    assert tokens == dict.fromkeys(tokens, len(prompts) * params.max_tokens), tokens
     for name in ("rlx", "bare"):
         record(f"rollout/{name}", {"tokens": tokens[name], "seconds": rounds.seconds[name]})
