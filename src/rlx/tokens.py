@@ -24,10 +24,7 @@ def encode_many(tokenizer, texts: list[str]) -> list[list[int]]:
 
 def decode(tokenizer, ids: list[int], skip_special_tokens: bool) -> str:
     """``tokenizer.decode(ids, skip_special_tokens=...)``."""
-    backend = plain_decoder(tokenizer)
-    if backend is None:
-        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-    return backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    return (plain_decoder(tokenizer) or tokenizer).decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 def decode_many(tokenizer, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
