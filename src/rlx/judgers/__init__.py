@@ -26,6 +26,7 @@ from numbers import Real
 
 from rlx.config import JudgerConfig
 from rlx.errors import UserError
+from rlx.helper_processes import helper_context
 from rlx.judgers.custom import CustomJudger
 from rlx.judgers.deadline import call_within
 from rlx.judgers.environment import EnvironmentJudger
@@ -139,7 +140,7 @@ def worker_pool():
     started (and their imports done) before any judging, so start-up never eats a sample's time limit."""
     if "pool" not in _POOL:
         processes = min(4, os.cpu_count() or 1)
-        pool = multiprocessing.get_context("spawn").Pool(processes, importlib.import_module, ("rlx.judgers",))
+        pool = helper_context().Pool(processes, importlib.import_module, ("rlx.judgers",))
         pool.starmap(_ready, [()] * processes, chunksize=1)
         _POOL["pool"] = pool
         atexit.register(discard_pool)

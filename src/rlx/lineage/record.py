@@ -17,7 +17,6 @@ import gzip
 import io
 import json
 import logging
-import multiprocessing
 import os
 import re
 import signal
@@ -31,6 +30,7 @@ import yaml
 from rlx.config import apply_override, rollout_policy_step
 from rlx.config.loading import round_trip_yaml
 from rlx.errors import UserError
+from rlx.helper_processes import helper_context
 from rlx.store import faults
 from rlx.store.artifacts import write_bytes, write_text
 from rlx.store.layout import STAGES, RunLayout
@@ -281,7 +281,7 @@ def recorder() -> ProcessPoolExecutor:
     """One process that records the steps handed to it, in order (``submit(record_step, ...)``)."""
     return ProcessPoolExecutor(
         max_workers=1,
-        mp_context=multiprocessing.get_context("spawn"),  # a fresh interpreter: no copy of the run's threads
+        mp_context=helper_context(),  # a fresh interpreter: no copy of the run's threads, nor the user's program
         initializer=_serve_the_run,
         initargs=(os.getpid(),),
     )

@@ -1,0 +1,70 @@
+"""A user's own program runs ``RLTrainer(...).fit()`` to the end however it is started (a script without a
+``__main__`` guard, stdin, ``-c``, IPython), and rlx never executes that program a second time: the
+processes rlx starts (the DVC recorder, the judgers' pool) must not re-import the user's ``__main__``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import child_env, make_project
+
+pytestmark = pytest.mark.slow
+
+# No guard, as the README's examples are written: everything at the top level. Each start adds one step
+# Each execution of the program's top level adds a line to ran.txt, and each start makes a one-step run of its own.
+PROGRAM = """\
+from pathlib import Path
+
+with Path("ran.txt").open("a") as ran:
+    ran.write("ran\\n")
+
+from rlx import RLTrainer
+
+starts = len(Path("ran.txt").read_text().splitlines())
+trainer = RLTrainer(work_dir=f"runs/start-{{starts}}", rollout_steps=1, wandb={{"enabled": False}}, judger_config={judgers})
+run = trainer.fit()
+print("steps:", run.steps())
+"""
+# A judger that may hang runs in the judgers' worker pool: the other helper processes rlx starts.
+POOLED_JUDGERS = {
+    "reward_judger_configs": [
+        {"judger_name": "math", "data_source": ["rlx/arith"]},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def project(untrained_model, tmp_path_factory) -> Path:
+    from rlx.lineage.record import edit_params
+
+    project = make_project(tmp_path_factory.mktemp("user-programs"), untrained_model)
+    edit_params(project / "params.yaml", ["evaluator_config.enable_evaluate=false", "hf_interval=-1"])
+    return project
+
+
+def started(how: str, program: Path, project: Path) -> subprocess.CompletedProcess:
+    python = [sys.executable]
+    commands = {
+        "script": ([*python, str(program)], None),
+        "stdin": ([*python, "-"], program.read_text()),
+        "-c": ([*python, "-c", program.read_text()], None),
+        "ipython": ([*python, "-m", "IPython", "--no-banner", "--quick", str(program)], None),
+    }
+    command, stdin = commands[how]
+    return subprocess.run(
+        command, cwd=project, env=child_env(), input=stdin, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_a_program_without_a_guard_runs_once_however_it_is_started(project):
+    program = project / "train.py"
+    program.write_text(PROGRAM.format(judgers=POOLED_JUDGERS))
+    for number, how in enumerate(["script", "stdin", "-c", "ipython"], start=1):
+        done = started(how, program, project)
+        assert done.returncode == 0, f"{how}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        assert "steps: [1]" in done.stdout, f"{how}: {done.stdout[-2000:]}"
+        assert (project / "ran.txt").read_text().splitlines() == ["ran"] * number, f"{how} ran the program again"
