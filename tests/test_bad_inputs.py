@@ -201,6 +201,10 @@ ROWS = [
         "load_from {d}/absent: not a model folder (no config.json)"),
     Row("eval of a missing model", ["eval", "{d}/absent", "--data", "{test}"],
         "{d}/absent: not a model folder (no config.json)"),
+    Row("eval of a set no judger scores", ["eval", "{d}/absent", "--data", "{d}/rows.jsonl"],
+        "no judger scores data_source 'my/wordmath'; judger_config.reward_judger_configs covers ['rlx/arith']; "
+        "or judge every set with --judger NAME (arith, custom, environment, format, gsm8k, math, reward_model)",
+        files={"rows.jsonl": GOOD_ROW.replace("rlx/arith", "my/wordmath")}),  # said before the model is read
     # ---- the model folder
     Row("model folder without weights", ["eval", "{d}/model", "--data", "{test}"],
         "{d}/model: no *.safetensors weights (found *.bin: none); rlx loads safetensors only: "

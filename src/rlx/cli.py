@@ -261,6 +261,7 @@ def evaluate(
             *(overrides or []),
         ],
     )
+    judges_every_set(config)  # before the model loads: a mistake in seconds, not after it
     engines = Engines(config)
     samples, metrics = evaluate_policy(config, engines.sampler_at(model_dir), engines.tokenizer, step=0)
     table = Table("metric", "value")
@@ -270,6 +271,19 @@ def evaluate(
     if output:
         write_rows(samples, output, schema=SAMPLE_SCHEMA, made_by="rlx eval")
         console.print(f"samples written to {output}")
+
+
+def judges_every_set(config) -> None:
+    """`rlx eval`'s sets each have a judger: by data_source from params, or the one ``--judger`` names."""
+    from rlx.judgers import available
+    from rlx.run.preflight import check_judging
+    from rlx.tasks.data import load_rows
+
+    try:
+        check_judging(config, {d.anno_path: load_rows(d.anno_path) for d in config.evaluator_config.dataset_cfg})
+    except UserError as problem:
+        names = ", ".join(available())
+        raise UserError(f"{problem}; or judge every set with --judger NAME ({names})") from None
 
 
 @app.command("show")
