@@ -46,12 +46,15 @@ def project(untrained_model, tmp_path_factory) -> Path:
     return project
 
 
-def started(how: str, program: Path, project: Path) -> subprocess.CompletedProcess:
+def started(how: str, text: str, project: Path) -> subprocess.CompletedProcess:
+    """``text`` run as a user's program, started ``how``."""
+    program = project / "train.py"
+    program.write_text(text)
     python = [sys.executable]
     commands = {
         "script": ([*python, str(program)], None),
-        "stdin": ([*python, "-"], program.read_text()),
-        "-c": ([*python, "-c", program.read_text()], None),
+        "stdin": ([*python, "-"], text),
+        "-c": ([*python, "-c", text], None),
         "ipython": ([*python, "-m", "IPython", "--no-banner", "--quick", str(program)], None),
     }
     command, stdin = commands[how]
@@ -61,10 +64,16 @@ def started(how: str, program: Path, project: Path) -> subprocess.CompletedProce
 
 
 def test_a_program_without_a_guard_runs_once_however_it_is_started(project):
-    program = project / "train.py"
-    program.write_text(PROGRAM.format(judgers=POOLED_JUDGERS))
     for number, how in enumerate(["script", "stdin", "-c", "ipython"], start=1):
-        done = started(how, program, project)
+        done = started(how, PROGRAM.format(judgers=POOLED_JUDGERS), project)
         assert done.returncode == 0, f"{how}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         assert "steps: [1]" in done.stdout, f"{how}: {done.stdout[-2000:]}"
         assert (project / "ran.txt").read_text().splitlines() == ["ran"] * number, f"{how} ran the program again"
+
+
+def test_a_second_fit_of_a_finished_run_says_so_and_returns_it(project):
+    """As a re-run notebook cell does: the same trainer fitted again in a new process."""
+    again = PROGRAM.format(judgers=POOLED_JUDGERS).replace('f"runs/start-{starts}"', '"runs/start-1"')
+    done = started("-c", again, project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "runs/start-1 holds every step of this run (1) already" in done.stdout and "steps: [1]" in done.stdout

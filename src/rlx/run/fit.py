@@ -75,6 +75,11 @@ def run_steps(config: RLTrainerConfig, params: Path, engines: Engines, start: in
             run_base(config, engines)
             tracker.log(0, read_json(layout.step(0).metrics("base")))
         steps, again = steps_to_run(layout, start, total)
+        if start > total:
+            console.print(
+                f"{config.work_dir} holds every step of this run ({total}) already: its last step is checked and "
+                "recorded again, and the finished run returned; for a new run, give another work_dir"
+            )
         with progress_bar(console) as progress:
             task = progress.add_task("", total=total, completed=start - 1)
             finish = Finisher(config, layout, params.parent, tracker, again, progress, task)
