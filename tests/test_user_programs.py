@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env, make_project
+from conftest import child_env, dvc_status, make_project
 
 pytestmark = pytest.mark.slow
 
@@ -77,3 +77,27 @@ def test_a_second_fit_of_a_finished_run_says_so_and_returns_it(project):
     done = started("-c", again, project)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "runs/start-1 holds every step of this run (1) already" in done.stdout and "steps: [1]" in done.stdout
+
+
+def test_a_run_names_what_differs_from_the_committed_params_and_rlx_reset_returns_to_it(untrained_model, tmp_path):
+    project = make_project(tmp_path, untrained_model)
+    committed = (project / "params.yaml").read_text()
+    git = ["git", "-c", "user.name=rlx", "-c", "user.email=rlx@localhost"]
+    for command in (["add", "params.yaml", "dvc.yaml", "dvc.lock", ".dvc/config"], ["commit", "-qm", "the demo"]):
+        subprocess.run([*git, *command], cwd=project, check=True)
+    rlx = [sys.executable, "-m", "rlx"]
+    changes = ["-S", "rollout_steps=1", "-S", "wandb.enabled=false", "-S", "evaluator_config.enable_evaluate=false"]
+    done = subprocess.run([*rlx, "fit", "params.yaml", *changes], cwd=project, env=child_env(), capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "params.yaml differs from its committed version in 3 field(s): evaluator_config.enable_evaluate True -> "
+        "False, rollout_steps 3 -> 1, wandb.enabled True -> False; `rlx reset` puts the committed one back"
+    ) in " ".join(done.stdout.split())
+    (project / "data/arith/test.parquet").unlink()  # data the committed dvc.lock records
+    reset = subprocess.run([*rlx, "reset"], cwd=project, env=child_env(), capture_output=True, text=True)
+    assert reset.returncode == 0, reset.stderr[-3000:]
+    assert "put back as committed: params.yaml, dvc.lock; data checked out" in " ".join(reset.stdout.split())
+    assert (project / "params.yaml").read_text() == committed and (project / "data/arith/test.parquet").is_file()
+    recorded = ("init_data", "init_model", "convert_gsm8k@train", "convert_gsm8k@test", "convert_math500")
+    assert not [stage for stage in dvc_status(project) if stage.rsplit(":", 1)[-1] in recorded]

@@ -184,6 +184,19 @@ def fit(params: ParamsArg = Path("params.yaml"), presets: PresetsOpt = None, ove
     run_fit(params, all_overrides(presets, overrides), console=console)
 
 
+@app.command("reset")
+def reset(params: ParamsArg = Path("params.yaml")) -> None:
+    """Put the committed pipeline back: params.yaml, dvc.yaml and dvc.lock as the last commit holds them, and
+    the data they record from DVC's cache. Every run writes its parameters into params.yaml (as `dvc exp run`
+    does) and the next run starts from them; this returns to the committed demo. Runs' folders are kept."""
+    from rlx.lineage.workspace import reset as reset_workspace
+    from rlx.run.worklock import hold_repository
+
+    with hold_repository(params.parent):
+        restored = reset_workspace(params.parent)
+    console.print(f"put back as committed: {', '.join(restored) or 'nothing differed'}; data checked out")
+
+
 @app.command("convert")
 def convert(
     dataset: Annotated[str, typer.Argument(help="gsm8k or math500.")],

@@ -23,7 +23,7 @@ from rlx import clock
 from rlx.config import RLTrainerConfig, load
 from rlx.engines import Engines
 from rlx.errors import UserError
-from rlx.lineage import dvcdeps, experiment
+from rlx.lineage import dvcdeps, experiment, workspace
 from rlx.lineage.record import edit_params, point_at_step, repair_dvc_files
 from rlx.run import preflight
 from rlx.run.ahead import RolloutsAhead, staleness_advice
@@ -54,6 +54,8 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
     with preflight.entered(params, config) as existed, contextlib.ExitStack() as warm:
         with undone_if_refused(params, config.work_dir, existed):
             config, start = set_up(params, overrides)
+            if note := workspace.differences_from_committed(params, config):
+                console.print(note, highlight=False)
             engines = warm.enter_context(warm_engines(config))  # several workers: started here, kept for the run
         if config.debug_rollout:
             return [debug_rollout(config, params, start, engines, console)]

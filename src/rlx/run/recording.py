@@ -164,6 +164,15 @@ class Finisher:
         prune_checkpoints(self.config, self.layout, step)
         self.history.append(metrics)
         self.progress.update(self.task, advance=0 if step in self.again else 1, description=describe(metrics))
+        self.announce(step, metrics)
+
+    def announce(self, step: int, metrics: dict) -> None:
+        """A line per finished step where the bar cannot redraw itself (a log file, CI, a notebook), as
+        TRL and verl print theirs; a terminal has the bar."""
+        console = self.progress.console
+        if not console.is_terminal:
+            total = next(task.total for task in self.progress.tasks if task.id == self.task)
+            console.print(f"rlx fit: step {step}/{total:g}  {describe(metrics)}", highlight=False)
 
 
 def prune_checkpoints(config: RLTrainerConfig, layout: RunLayout, step: int) -> None:

@@ -29,6 +29,7 @@ from rlx.config import RLTrainerConfig, staleness
 from rlx.debugging import timed
 from rlx.errors import UserError
 from rlx.lineage.fingerprint import first_difference, parameter_names
+from rlx.phases import Phase
 from rlx.stages.curves import write_curve
 from rlx.store import faults
 from rlx.store.artifacts import read_json, read_rows, write_json, write_rows
@@ -109,7 +110,7 @@ def replay(config: RLTrainerConfig, trainer, steps: range, engines) -> None:
     on disk), checking the weights against each step's recorded fingerprint."""
     from rlx.stages import reseed
 
-    layout = RunLayout(config.work_dir)
+    layout, phase = RunLayout(config.work_dir), Phase(f"replaying steps {steps[0]}-{steps[-1]}", len(steps))
     for step in steps:
         paths = layout.step(step)
         missing = [p.name for p in (paths.rollouts, paths.judged, paths.weights_fingerprint) if not p.is_file()]
@@ -129,6 +130,7 @@ def replay(config: RLTrainerConfig, trainer, steps: range, engines) -> None:
                 "training was not deterministic (on a GPU: set CUBLAS_WORKSPACE_CONFIG=:4096:8 and use "
                 "deterministic kernels), or the step's records or code changed since it ran"
             )
+        phase.advance()
 
 
 @dataclass

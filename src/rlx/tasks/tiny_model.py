@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from rlx.config import RLTrainerConfig, SampleParams, TinyModelConfig
 from rlx.judgers import get as get_judger
+from rlx.phases import Phase
 from rlx.samplers.transformers_backend import generate
 from rlx.store.artifacts import atomic_dir, write_text
 from rlx.store.targets import FOLDER_MARK, folder_mark, json_mark
@@ -140,7 +141,7 @@ def warm_start(model, tokenizer, rows: list[dict], cfg: TinyModelConfig) -> list
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     model.train()
-    losses = []
+    losses, phase = [], Phase("warm start of the demo model (tiny_model.sft_steps)", cfg.sft_steps)
     for _ in range(cfg.sft_steps):
         batch = order.sample(examples, cfg.sft_batch_size)
         width = max(len(ids) for ids, _ in batch)
@@ -154,6 +155,7 @@ def warm_start(model, tokenizer, rows: list[dict], cfg: TinyModelConfig) -> list
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        phase.advance()
     model.eval()
     return losses
 
