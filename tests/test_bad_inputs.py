@@ -309,6 +309,12 @@ ROWS = [
         files={"in.jsonl": '{"question": "q", "answer": "it is 2"}\n'}),
     Row("convert: missing file", ["convert", "gsm8k", "{d}/absent.jsonl", "{d}/out.parquet"],
         "{d}/absent.jsonl: no such file"),
+    Row("convert qa: no data source", ["convert", "qa", "{d}/in.jsonl", "{d}/out.parquet"],
+        "--data-source names the rows' data_source of a qa set (and of no other): give it with qa",
+        files={"in.jsonl": '{"question": "q", "answer": 1}\n'}),
+    Row("convert qa: answer not text", ["convert", "qa", "{d}/in.jsonl", "{d}/out.parquet", "--data-source", "my/qa"],
+        "{d}/in.jsonl:2: not a question/answer row ('answer' must be text or a number, got [1, 2])",
+        files={"in.jsonl": '{"question": "q", "answer": 1}\n{"question": "q", "answer": [1, 2]}\n'}),
     # ---- judging
     Row("data_source no judger scores", ["stage", "judge", "{params}", "-S", "work_dir={d}/run"],
         "no judger scores data_source 'someone/else'; judger_config.reward_judger_configs covers ['rlx/arith']",

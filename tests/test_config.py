@@ -350,3 +350,43 @@ def test_rl_trainer_writes_only_the_fields_that_differ_into_the_params_file(tmp_
     edit_params(params, overrides)
     assert config.load(params) == trainer.config.model_copy(update={"run": demo.run})
     assert "# base model: a HF folder" in params.read_text()
+
+
+def test_rl_trainer_takes_a_function_object_and_records_its_module_and_name(tmp_path, monkeypatch):
+    """TRL's ``reward_funcs=[function]`` habit: a function importable by every process rlx starts is recorded
+    as its 'module:name', found from the project's folder as DVC's stages find it; one defined in the running
+    program (a script's or a notebook's ``__main__``, or a closure) is refused with the way out."""
+    import importlib
+
+    from rlx import RLTrainer
+    from rlx.errors import UserError
+
+    (tmp_path / "my_rewards.py").write_text(
+        "def exact(prompt, response, gold, row):\n    return float(gold in response)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    exact = importlib.import_module("my_rewards").exact
+    judged = {"judger_name": "custom", "data_source": ["my/task"], "options": {"function": exact}}
+    trainer = RLTrainer(judger_config={"reward_judger_configs": [judged]})
+    assert trainer.config.judger_config.reward_judger_configs[0].options == {"function": "my_rewards:exact"}
+
+    def inner(prompt, response, gold, row):
+        return 1.0
+
+    for unimportable in (inner, type("Scorer", (), {"__module__": "__main__"})):
+        judged["options"]["function"] = unimportable
+        with pytest.raises(UserError, match="RLTrainer.judger_config.reward_judger_configs.0.options.function: .* "
+                                            "cannot be imported by the processes rlx starts; define it in a module"):  # fmt: skip
+            RLTrainer(judger_config={"reward_judger_configs": [judged]})
+
+
+def test_a_module_in_the_projects_folder_is_importable_by_name(tmp_path, monkeypatch):
+    """`rlx fit` (a console script) has its own folder on sys.path, not the project's: a judger module beside
+    params.yaml is found all the same, as DVC's stages, run from the project's folder, find it."""
+    from rlx.plugins import load_callable
+
+    (tmp_path / "beside_params.py").write_text("def score(**_):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    assert load_callable("beside_params:score", "custom judger")() == 1.0

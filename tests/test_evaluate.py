@@ -113,3 +113,18 @@ def test_eval_sample_ratio_and_sampling_seed_are_read(tmp_path, monkeypatch):
     assert sampler.calls[1] == sampler.calls[0]  # the same seeded subset every time
     evaluate.evaluate_policy(config.load(None, [eval_set]), sampler, None, step=1)
     assert len(sampler.calls[2][0]) == 10 and sampler.calls[2][1] == cfg.seed
+
+
+def test_convert_qa_turns_your_own_question_answer_lines_into_rows(tmp_path):
+    source = tmp_path / "mine.jsonl"
+    source.write_text('{"question": "Ana has 3 apples and buys 4. How many? End with #### N.", "answer": 7}\n'
+                      '{"question": "What is 10 - 4?", "answer": "6"}\n')  # fmt: skip
+    out = tmp_path / "mine.parquet"
+    with pytest.raises(SystemExit) as exited:
+        main(["convert", "qa", str(source), str(out), "--split", "train", "--data-source", "my/wordmath"])
+    assert exited.value.code == 0
+    rows = load_rows(out)
+    assert [(r["data_source"], r["prompt"][0]["content"][:7], r["reward_model"]["ground_truth"]) for r in rows] == [
+        ("my/wordmath", "Ana has", "7"),
+        ("my/wordmath", "What is", "6"),
+    ]

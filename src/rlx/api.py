@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from rlx.config import ConfigError, RLTrainerConfig, load, overrides_between, validated
 from rlx.lineage.record import make_room_for_the_recorder
+from rlx.plugins import spec_of
 
 
 def train(params="params.yaml", overrides=(), work_dir=None):
@@ -48,7 +49,7 @@ class RLTrainer:
         if "run" in fields:
             raise ConfigError("RLTrainer: run: the pipeline's pointer to its step, which fit sets; not a parameter")
         tree = as_tree(trainer_cfg) if trainer_cfg is not None else {}
-        tree.update(fields)
+        tree.update(named_functions(fields))
         if enable_evaluate is not None:
             tree["evaluator_config"] = {**as_tree(tree.get("evaluator_config", {})), "enable_evaluate": enable_evaluate}
         self.params = Path(params)
@@ -64,6 +65,16 @@ class RLTrainer:
         (its comments kept), as `rlx fit -S` writes overrides, so DVC records what ran; returns the run's
         :class:`rlx.explore.Run`."""
         return train(self.params, overrides_between(load(self.params), self.config))
+
+
+def named_functions(tree: Any, path: str = "RLTrainer") -> Any:
+    """``tree`` with each function in it (a custom judger, an agent tool, ...) as the ``module:name`` the
+    config records, as TRL takes ``reward_funcs=[function]``."""
+    if isinstance(tree, dict):
+        return {key: named_functions(value, f"{path}.{key}") for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return [named_functions(value, f"{path}.{index}") for index, value in enumerate(tree)]
+    return spec_of(tree, path) if callable(tree) else tree
 
 
 def as_tree(section: Any) -> dict:

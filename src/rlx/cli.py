@@ -199,18 +199,28 @@ def reset(params: ParamsArg = Path("params.yaml")) -> None:
 
 @app.command("convert")
 def convert(
-    dataset: Annotated[str, typer.Argument(help="gsm8k or math500.")],
+    dataset: Annotated[str, typer.Argument(help="gsm8k, math500, or qa (your own question/answer jsonl).")],
     source: Annotated[Path, typer.Argument(help="The set's jsonl (e.g. data/gsm8k/test.jsonl).")],
     output: Annotated[Path, typer.Argument(help="Parquet file to write, in rlx's row shape.")],
     split: Annotated[str, typer.Option(help="Recorded in extra_info.split.")] = "test",
+    data_source: Annotated[str | None, typer.Option(help="qa: the rows' data_source, which picks judgers.")] = None,
 ) -> None:
-    """Convert a public set (GSM8K, MATH-500) into rlx prompt rows with the field's prompt template."""
-    from rlx.store.targets import guard
-    from rlx.tasks import gsm8k, math500
+    """Convert a public set (GSM8K, MATH-500, with the field's prompt template) or a jsonl of your own
+    ``{"question", "answer"}`` objects (qa, with --data-source) into rlx prompt rows."""
+    from functools import partial
 
-    converters = {"gsm8k": gsm8k.convert, "math500": math500.convert}
+    from rlx.store.targets import guard
+    from rlx.tasks import gsm8k, math500, qa
+
+    converters = {
+        "gsm8k": gsm8k.convert,
+        "math500": math500.convert,
+        "qa": partial(qa.convert, data_source=data_source),
+    }
     if dataset not in converters:
         raise UserError(f"unknown dataset {dataset!r}; convertible: {', '.join(converters)}")
+    if (dataset == "qa") != (data_source is not None):
+        raise UserError("--data-source names the rows' data_source of a qa set (and of no other): give it with qa")
     guard(output, "OUTPUT", "rlx convert", folder=False, inputs=[source])
     console.print(f"written {converters[dataset](source, output, split)}")
 
