@@ -314,6 +314,22 @@ def test_rl_trainer_takes_xtuners_keywords_as_sections_or_dicts_over_the_default
     assert RLTrainer(trainer_cfg=demo, seed=7).config == demo.model_copy(update={"seed": 7})
 
 
+def test_rl_trainer_lays_a_partial_section_over_trainer_cfg_field_by_field():
+    """README: a field left out keeps trainer_cfg's value, at every depth, a section given as a dict or an object."""
+    from rlx import RLTrainer
+
+    base = config.load(None, ["dataflow_config.prompt_repeat_k=3", "dataflow_config.sample_params.max_tokens=48",
+                              "dataflow_config.sample_params.top_p=0.9", "evaluator_config.evaluate_step=7"])  # fmt: skip
+    for section in (
+        {"global_batch_size": 4, "sample_params": {"max_tokens": 64}},
+        config.DataFlowConfig(global_batch_size=4, sample_params=config.SampleParams(max_tokens=64)),
+    ):
+        got = RLTrainer(trainer_cfg=base, dataflow_config=section, enable_evaluate=False).config
+        assert (got.dataflow_config.global_batch_size, got.dataflow_config.prompt_repeat_k) == (4, 3)
+        assert (got.dataflow_config.sample_params.max_tokens, got.dataflow_config.sample_params.top_p) == (64, 0.9)
+        assert (got.evaluator_config.evaluate_step, got.evaluator_config.enable_evaluate) == (7, False)
+
+
 @pytest.mark.parametrize(
     ("keywords", "override"),
     [

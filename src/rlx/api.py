@@ -48,8 +48,7 @@ class RLTrainer:
         make_room_for_the_recorder()  # validating the algorithms' names imports torch
         if "run" in fields:
             raise ConfigError("RLTrainer: run: the pipeline's pointer to its step, which fit sets; not a parameter")
-        tree = as_tree(trainer_cfg) if trainer_cfg is not None else {}
-        tree.update(named_functions(fields))
+        tree = merged(as_tree(trainer_cfg) if trainer_cfg is not None else {}, named_functions(fields))
         if enable_evaluate is not None:
             tree["evaluator_config"] = {**as_tree(tree.get("evaluator_config", {})), "enable_evaluate": enable_evaluate}
         self.params = Path(params)
@@ -75,6 +74,16 @@ def named_functions(tree: Any, path: str = "RLTrainer") -> Any:
     if isinstance(tree, list | tuple):
         return [named_functions(value, f"{path}.{index}") for index, value in enumerate(tree)]
     return spec_of(tree, path) if callable(tree) else tree
+
+
+def merged(base: dict, changes: dict) -> dict:
+    """``base`` with ``changes`` laid over it field by field, at every depth: a section given in part keeps
+    ``base``'s other fields, and a section given as a config object brings only the fields it was given."""
+    tree = dict(base)
+    for key, value in changes.items():
+        value = value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else value
+        tree[key] = merged(tree[key], value) if isinstance(tree.get(key), dict) and isinstance(value, dict) else value
+    return tree
 
 
 def as_tree(section: Any) -> dict:
