@@ -46,8 +46,10 @@ def pytest_xdist_make_scheduler(config, log):
 # The files whose runs take longest (`pytest --durations`) go first, so that no worker is left with a
 # long file at the end while the other idles; but while the first of them builds the tiny model (minutes),
 # then the run it shares with test_shared_repo (two_step_run), the files that never need them go to the
-# other worker, then test_pipeline, which needs the model only, then the Ray files (8 minutes together).
-SLOWEST_FIRST = ["test_resume.py", "test_pipeline.py", *sorted(RAY_FILES), "test_shared_repo.py", "test_notebooks.py"]
+# other worker, then test_pipeline and test_readme, which need the model only, then the Ray files (8 minutes together).
+SLOWEST_FIRST = [
+    "test_resume.py", "test_pipeline.py", "test_readme.py", *sorted(RAY_FILES), "test_shared_repo.py", "test_notebooks.py"
+]  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
