@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder --durations=25
 
 # Benchmarks (pytest-benchmark), not part of `make test`: they need the `bench` extra (TRL, the
-# reference), write tests/benchmarks/results.json and render README's performance table from it.
+# reference), write tests/benchmarks/results.json and render docs/performance.md's table from it.
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)

@@ -406,3 +406,32 @@ def test_a_module_in_the_projects_folder_is_importable_by_name(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
     assert load_callable("beside_params:score", "custom judger")() == 1.0
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"trainer_cfg": 42}, "RLTrainer: trainer_cfg: expected an rlx.config.RLTrainerConfig, its dict or a params "
+                              "file's path; got 42"),
+        ({"trainer_cfg": "absent.yaml"}, "absent.yaml: no such file"),
+        ({"params": None}, "RLTrainer: params: expected the path of the project's params file; got None"),
+        ({"evaluator_config": None, "enable_evaluate": True}, "RLTrainer: enable_evaluate=True needs an "
+                                                              "evaluator_config; got None"),
+        ({"dataflow_config": 5}, "RLTrainer: invalid configuration: dataflow_config: Input should be a valid "
+                                 "dictionary or instance of DataFlowConfig; got 5"),
+    ],
+)  # fmt: skip
+def test_the_python_apis_bad_types_get_one_line_naming_the_argument(keywords, message):
+    from rlx import RLTrainer
+
+    with pytest.raises(ConfigError) as refused:
+        RLTrainer(**keywords)
+    assert str(refused.value) == message
+
+
+def test_rl_trainer_takes_a_params_file_and_xtuners_no_evaluation():
+    from rlx import RLTrainer
+
+    demo = config.load(PARAMS)
+    assert RLTrainer.from_config(PARAMS).config == RLTrainer(trainer_cfg=str(PARAMS)).config == demo
+    assert RLTrainer(evaluator_config=None).config.evaluator_config.enable_evaluate is False

@@ -90,12 +90,17 @@ def test_loaders_join_rollouts_judgments_and_advantages(runs):
     assert "work_dir" in params.index and "response/rewards/mean" in last.index
 
 
-def test_show_and_compare_in_the_terminal(runs, capsys):
+def test_show_and_compare_in_the_terminal(runs, capsys, monkeypatch):
+    from rlx import cli
+
+    monkeypatch.setattr(cli.console, "width", 80)
     with pytest.raises(SystemExit) as exited:
         main(["show", str(runs[0]), "--step", "2"])
     assert exited.value.code == 0
     shown = capsys.readouterr().out
     assert "step 2" in shown and "reward" in shown
+    lines = shown.rstrip("\n").splitlines()  # the title, the header, then one line a response (4 x 4)
+    assert len(lines) == 2 + 16 and max(map(len, lines)) <= 80, shown
     with pytest.raises(SystemExit):
         main(["compare", str(runs[0]), str(runs[1])])
     compared = capsys.readouterr().out

@@ -1,6 +1,7 @@
-"""Every fenced block of the README runs as a user would run it, in order, in a copy of the project
-(the demo shortened by conftest.SHORT_RUN), or says visibly why it is not run here: a line
-``*Not run by the tests: REASON.*`` right above it. Sybil finds the blocks (fences in lists included).
+"""Every fenced block of the README and of the reference pages in docs/ runs as a user would run it, in
+order, in a copy of the project (the demo shortened by conftest.SHORT_RUN; one copy per page), or says
+visibly why it is not run here: a paragraph ``*Not run by the tests: REASON.*`` right above it. Sybil finds
+the blocks (fences in lists included).
 
 - ``bash``: the block, as pasted, in bash (``set -euo pipefail``) in the project's folder;
 - ``python``: a block starting ``# NAME.py`` is that file of the project; any other is saved to a file
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.slow
 
 LANGUAGES = ("bash", "python", "yaml", "console", "text")
 MARK = re.compile(r"\*Not run by the tests: (?P<reason>[^*]+)\*$")
+MARKED = 6  # blocks that say why they are not run: make fit/test, XTuner's and its 8-GPU twin, two figures' runs,
+# the agent demo's half hour, jupyter lab
 NAMED_FILE = re.compile(r"^# (?P<name>[\w.-]+\.(py|yaml))\n")
 
 
@@ -36,9 +39,11 @@ class Block(CodeBlockParser):
         raise NotImplementedError
 
 
-def readme_blocks() -> list:
-    document = Sybil([Block(language) for language in LANGUAGES]).parse(ROOT / "README.md")
-    return list(document.examples())
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def blocks_of(page: Path) -> list:
+    return list(Sybil([Block(language) for language in LANGUAGES]).parse(page).examples())
 
 
 def mark_of(example) -> str | None:
@@ -48,14 +53,25 @@ def mark_of(example) -> str | None:
     return found["reason"] if found else None
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [block for page in PAGES for block in blocks_of(page)]
 
 
 @pytest.fixture(scope="module")
-def project(tiny_model, tmp_path_factory) -> Path:
+def projects(tiny_model, tmp_path_factory):
+    """A page's project, made when its first block runs."""
+    made: dict[Path, Path] = {}
+
+    def project_of(page: Path) -> Path:
+        if page not in made:
+            made[page] = new_project(tiny_model, tmp_path_factory.mktemp(page.stem))
+        return made[page]
+
+    return project_of
+
+
+def new_project(tiny_model, base: Path) -> Path:
     """The project as a clone would have it, in a folder named as the repository (a block names ../rlx),
     committed, so `rlx reset` and `git worktree` find a commit."""
-    base = tmp_path_factory.mktemp("readme")
     folder = make_project(base, tiny_model).rename(base / "rlx")
     git = ["git", "-c", "user.name=rlx", "-c", "user.email=rlx@localhost"]
     subprocess.run([*git, "add", "-A"], cwd=folder, check=True)
@@ -100,26 +116,31 @@ def transcript_problems(source: str, folder: Path) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("example", BLOCKS, ids=[f"line-{b.line}-{b.region.lexemes['arguments']}" for b in BLOCKS])
-def test_readme_block_runs_as_pasted(example, project):
+def block_id(block) -> str:
+    return f"{Path(block.path).name}-line-{block.line}-{block.region.lexemes['arguments']}"
+
+
+@pytest.mark.parametrize("example", BLOCKS, ids=[block_id(b) for b in BLOCKS])
+def test_readme_block_runs_as_pasted(example, projects):
     language, source = example.region.lexemes["arguments"], str(example.parsed)
     if reason := mark_of(example):
         pytest.skip(f"README says: not run by the tests: {reason}")
     if language == "text":
         pytest.skip("a figure: nothing to run")
+    project = projects(Path(example.path))
     if language == "console":
         assert not (problems := transcript_problems(source, project)), "\n".join(problems)
         return
     runner = {"bash": lambda *a: shell(a[0], a[1]), "python": run_python, "yaml": run_yaml}[language]
     done = runner(source, project, example.line)
-    assert done.returncode == 0, f"README line {example.line}:\n{source}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{block_id(example)}:\n{source}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
 def test_every_fence_has_a_language_and_every_block_not_run_says_why():
-    fences = re.findall(r"^ *```(\S*)", (ROOT / "README.md").read_text(), flags=re.MULTILINE)
-    opening = fences[::2]
-    assert all(language in LANGUAGES for language in opening), opening
-    assert len(BLOCKS) == len(opening), "sybil found another number of blocks than the README has fences"
-    marked = [b.line for b in BLOCKS if mark_of(b)]
-    run = [b.line for b in BLOCKS if not mark_of(b) and b.region.lexemes["arguments"] != "text"]
-    assert len(marked) == 6 and len(run) >= 15, (marked, run)
+    for page in PAGES:
+        opening = re.findall(r"^ *```(\S*)", page.read_text(), flags=re.MULTILINE)[::2]
+        assert all(language in LANGUAGES for language in opening), (page.name, opening)
+        assert len(blocks_of(page)) == len(opening), f"{page.name}: Sybil found another number of blocks than fences"
+    marked = [block_id(b) for b in BLOCKS if mark_of(b)]
+    run = [block_id(b) for b in BLOCKS if not mark_of(b) and b.region.lexemes["arguments"] != "text"]
+    assert len(marked) == MARKED and len(run) >= 15, (marked, run)

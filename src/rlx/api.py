@@ -48,15 +48,21 @@ class RLTrainer:
         make_room_for_the_recorder()  # validating the algorithms' names imports torch
         if "run" in fields:
             raise ConfigError("RLTrainer: run: the pipeline's pointer to its step, which fit sets; not a parameter")
-        tree = merged(as_tree(trainer_cfg) if trainer_cfg is not None else {}, named_functions(fields))
+        if not isinstance(params, str | Path):
+            raise ConfigError(f"RLTrainer: params: expected the path of the project's params file; got {params!r}")
+        tree = merged(base_tree(trainer_cfg), named_functions(fields))
+        if tree.get("evaluator_config", {}) is None:  # XTuner's "no evaluation"
+            if enable_evaluate:
+                raise ConfigError("RLTrainer: enable_evaluate=True needs an evaluator_config; got None")
+            tree["evaluator_config"] = {"enable_evaluate": False}
         if enable_evaluate is not None:
             tree["evaluator_config"] = {**as_tree(tree.get("evaluator_config", {})), "enable_evaluate": enable_evaluate}
         self.params = Path(params)
         self.config = validated(tree, "RLTrainer")
 
     @classmethod
-    def from_config(cls, config: RLTrainerConfig, params="params.yaml") -> RLTrainer:
-        """The trainer of a whole configuration (e.g. ``rlx.config.load("params.yaml")``)."""
+    def from_config(cls, config: RLTrainerConfig | str | Path, params="params.yaml") -> RLTrainer:
+        """The trainer of a whole configuration (``rlx.config.load("params.yaml")``, or that file's path)."""
         return cls(params=params, trainer_cfg=config)
 
     def fit(self):
@@ -64,6 +70,20 @@ class RLTrainer:
         (its comments kept), as `rlx fit -S` writes overrides, so DVC records what ran; returns the run's
         :class:`rlx.explore.Run`."""
         return train(self.params, overrides_between(load(self.params), self.config))
+
+
+def base_tree(trainer_cfg: Any) -> dict:
+    """What ``trainer_cfg`` gives the fields left out: a whole configuration, its dict, or a params file's path."""
+    if trainer_cfg is None:
+        return {}
+    if isinstance(trainer_cfg, str | Path):
+        return load(trainer_cfg).model_dump()
+    if isinstance(trainer_cfg, RLTrainerConfig | dict):
+        return as_tree(trainer_cfg)
+    raise ConfigError(
+        f"RLTrainer: trainer_cfg: expected an rlx.config.RLTrainerConfig, its dict or a params file's path; "
+        f"got {trainer_cfg!r}"
+    )
 
 
 def named_functions(tree: Any, path: str = "RLTrainer") -> Any:

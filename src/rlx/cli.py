@@ -315,11 +315,10 @@ def show(
     step: Annotated[int | None, typer.Option(help="The step; default: the last completed one.")] = None,
     rows: Annotated[int, typer.Option(help="How many responses to list.")] = 24,
 ) -> None:
-    """A step's responses in a table: question, answer, extracted answer, reward, advantage, and how many
-    updates stale the policy that generated each was (dataflow_config.max_staleness)."""
-    from rich.table import Table
-
-    from rlx.config import staleness
+    """A step's responses, one line each at any terminal width: group.sample, question, response, the
+    answer read from it and the gold, reward and advantage; the finish reason, how many
+    updates stale the generating policy was (dataflow_config.max_staleness) and an agent's turns and calls
+    where they say something."""
     from rlx.explore import Run
 
     explored = Run(run)
@@ -328,18 +327,39 @@ def show(
             raise UserError(f"{run}: no step has finished yet; give one with --step")
         step = explored.steps()[-1]
     samples = explored.samples(step)
-    stale = [staleness(row) for row in samples.head(rows).to_dict("records")]
-    agent = "tool_calls" in samples  # an agent's rollouts: its turns and calls too (`Run.turns` shows each)
-    table = Table("group", "sample", "question", "response", "extracted", "reward", "advantage", "finish", "stale",
-                  *(["turns", "calls"] if agent else []),
-                  title=f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}")  # fmt: skip
-    for row, updates in zip(samples.head(rows).itertuples(), stale, strict=True):
-        calls = [str(row.turns), calls_shown(json.loads(row.tool_calls))] if agent else []
+    title = f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}"
+    console.print(shown_responses(samples.head(rows).to_dict("records"), title))
+
+
+def shown_responses(records: list[dict], title: str):
+    """`rlx show`'s table: the texts share what width is left, cut to one line; a column that would say the
+    same for every row (every response stopped, none stale, no agent) is left out."""
+    from rich.table import Table
+
+    from rlx.config import staleness
+
+    agent = bool(records) and "tool_calls" in records[0]
+    optional = {
+        "finish": [r["finish_reason"] for r in records],
+        "stale": [str(staleness(r)) for r in records],
+        "turns": [str(r["turns"]) for r in records] if agent else [],
+        "calls": [calls_shown(json.loads(r["tool_calls"])) for r in records] if agent else [],
+    }
+    optional = {name: cells for name, cells in optional.items() if set(cells) - {"stop", "0"}}
+    table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold", expand=True)
+    table.add_column("#", no_wrap=True)
+    for name, ratio in (("question", 2), ("response", 3)):
+        table.add_column(name, ratio=ratio, no_wrap=True, overflow="ellipsis", min_width=8)
+    for name in ("answer/gold", "reward", "adv", *optional):
+        table.add_column(name, no_wrap=True, justify="right")
+    for index, row in enumerate(records):
+        answer = f"{row['extracted']}/{row['ground_truth']}" if "ground_truth" in row else str(row["extracted"])
         table.add_row(
-            str(row.group), str(row.sample), row.question[:60], row.response_text[:60], str(row.extracted),
-            f"{row.reward:.2f}", f"{row.advantage:+.2f}", row.finish_reason, str(updates), *calls,
+            f"{row['group']}.{row['sample']}", " ".join(row["question"].split()),
+            " ".join(row["response_text"].split()), answer, f"{row['reward']:.2f}", f"{row['advantage']:+.2f}",
+            *(cells[index] for cells in optional.values()),
         )  # fmt: skip
-    console.print(table)
+    return table
 
 
 def calls_shown(calls: list[dict]) -> str:

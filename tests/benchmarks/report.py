@@ -1,7 +1,8 @@
-"""Benchmark figures: raw measurements -> ``results.json`` (figures, ratios, targets, machine) -> README table.
+"""Benchmark figures: raw measurements -> ``results.json`` (figures, ratios, targets, machine) -> a table
+in docs/performance.md.
 
 `python tests/benchmarks/report.py` recomputes the figures from the raw measurements in
-``results.json`` and renders README's performance table from them (`make bench` does it after the
+``results.json`` and renders the performance table of docs/performance.md from them (`make bench` does it after the
 benchmarks).
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results.json"
-README = HERE.parents[1] / "README.md"
+PAGE = HERE.parents[1] / "docs" / "performance.md"  # the performance table's page
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 FIRST_LOAD = os.getloadavg()
 
@@ -417,7 +418,7 @@ def write_results(measured: dict, command: str) -> None:
     tmp.replace(RESULTS)
 
 
-# ---- the README table -------------------------------------------------------------------------
+# ---- the performance page's table -------------------------------------------------------------
 
 
 def verdict(ok: bool) -> str:
@@ -627,18 +628,18 @@ def lora_table(sizes: dict) -> list[str]:
     return lines
 
 
-def render_readme(results: dict, readme: Path = README) -> None:
-    """Replace the text between README's bench markers with the table."""
-    text = readme.read_text()
+def render_page(results: dict, page: Path = PAGE) -> None:
+    """Replace the text between the performance page's bench markers with the table."""
+    text = page.read_text()
     if START not in text or END not in text:
-        sys.exit(f"{readme}: no {START} ... {END} markers to fill")
+        sys.exit(f"{page}: no {START} ... {END} markers to fill")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{table(results)}\n{END}{tail}")
+    page.write_text(f"{head}{START}\n{table(results)}\n{END}{tail}")
 
 
 if __name__ == "__main__":
     saved = json.loads(RESULTS.read_text())
     saved["figures"] = figures(saved["measured"])  # the figures always follow from the raw measurements
     RESULTS.write_text(json.dumps(saved, indent=1) + "\n")
-    render_readme(saved)
+    render_page(saved)

@@ -50,7 +50,7 @@ def hold_repository(root: Path):
         folder / "rlx-fit.lock",
         f"the repository {Path(root).resolve()}",
         "its params.yaml, dvc.lock and DVC index are shared by its runs: wait for it to finish, or run the "
-        "second experiment in a git worktree or clone of its own (README: several experiments)",
+        "second experiment in a git worktree or clone of its own (docs/reliability.md: several experiments)",
     )
 
 

@@ -83,7 +83,7 @@ def disk_full_reported(paths: StepPaths) -> Iterator[None]:
 def release_freed_memory() -> None:
     """Give back to the system what the writers freed: serializing a policy and its optimizer state
     allocates a copy of them in pieces that glibc keeps after they are freed, so the process would
-    stay larger by about the model's size for the rest of the run (README: Performance)."""
+    stay larger by about the model's size for the rest of the run (docs/performance.md)."""
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform == "linux" else None  # glibc's
     if trim:
         trim(0)

@@ -47,7 +47,7 @@ def host_copy(item, copies: dict):
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """A host copy of ``tensor``. From a GPU it goes to page-locked memory without waiting (``take``
     waits once for all): a copy into pageable memory is staged through a driver buffer at a fraction
-    of the bus's speed (README: Performance), page-locked memory at its full speed. torch's
+    of the bus's speed (docs/performance.md), page-locked memory at its full speed. torch's
     caching host allocator keeps the page-locked blocks when a written snapshot frees them, so the next
     checkpoint of the same tensors reuses them instead of locking memory again."""
     if not tensor.is_cuda:

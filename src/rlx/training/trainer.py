@@ -140,7 +140,7 @@ def nonfinite_parameter(module) -> str | None:
     still overflow the weights, e.g. at a huge learning rate), or None; frozen ones (LoRA's base) cannot
     change. A parameter's sum is finite only if every element is, so the sum, a reduction with no
     temporary the size of the weights, clears it at a tenth of the cost of ``isfinite`` on every
-    element (README: Performance); a sum that overflows is checked element by element."""
+    element (docs/performance.md); a sum that overflows is checked element by element."""
     for name, p in module.named_parameters():
         if p.requires_grad and not math.isfinite(float(p.sum())) and not bool(torch.isfinite(p).all()):
             return name

@@ -91,7 +91,7 @@ def ray_instance(config: RLTrainerConfig) -> Iterator[object]:
     if address and (problem := unanswered(address)):
         raise UserError(
             f"resources.ray_address {address!r}: no Ray cluster answers there ({problem}); start one with "
-            "`ray start --head` (README: Several GPUs and nodes), or set it to null to start one for the run"
+            "`ray start --head` (docs/gpus.md: Several GPUs and nodes), or set it to null to start one for the run"
         )
     reaper = None if address else start_reaper()
     try:
