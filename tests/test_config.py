@@ -435,3 +435,18 @@ def test_rl_trainer_takes_a_params_file_and_xtuners_no_evaluation():
     demo = config.load(PARAMS)
     assert RLTrainer.from_config(PARAMS).config == RLTrainer(trainer_cfg=str(PARAMS)).config == demo
     assert RLTrainer(evaluator_config=None).config.evaluator_config.enable_evaluate is False
+
+
+def test_an_override_of_the_staleness_moves_the_run_pointer_rlx_manages(tmp_path):
+    """README's async command after a finished run: the user sets max_staleness, never run.rollout_policy."""
+    from rlx.lineage.record import edit_params
+
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS.read_text())
+    edit_params(params, ["run.step=31", "run.prev=30", "run.checkpoint=30", "run.rollout_policy=30"])  # a finished run
+    moved = config.load(params, ["dataflow_config.max_staleness=1", "work_dir=runs/async"])
+    assert (moved.run.step, moved.run.rollout_policy) == (31, 29)
+    with pytest.raises(
+        ConfigError, match="run.rollout_policy must be run.prev less"
+    ):  # a pointer set by hand is checked
+        config.load(params, ["dataflow_config.max_staleness=1", "run.rollout_policy=30"])

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from rlx.config.fields import ConfigError
-from rlx.config.trainer import RLTrainerConfig
+from rlx.config.trainer import RLTrainerConfig, rollout_policy_step
 
 
 def apply_override(tree: dict[str, Any], override: str) -> None:
@@ -191,7 +191,20 @@ def load(path: str | Path | None = "params.yaml", overrides: list[str] | tuple[s
     tree = read_yaml(Path(path)) if path is not None else {}
     for override in overrides:
         apply_override(tree, override)
+    if not any(override.startswith("run.") for override in overrides):
+        follow_the_run_pointer(tree)
     return validated(tree, str(path or "config"))
+
+
+def follow_the_run_pointer(tree: dict[str, Any]) -> None:
+    """``run.rollout_policy`` as the step and ``dataflow_config.max_staleness`` make it: an override that
+    changes the staleness moves the pointer rlx manages, which the user never sets (`rlx fit` writes both)."""
+    run, flow = tree.get("run"), tree.get("dataflow_config")
+    if not isinstance(run, dict) or not isinstance(run.get("step"), int):
+        return
+    staleness = flow.get("max_staleness", 0) if isinstance(flow, dict) else 0
+    if isinstance(staleness, int) and "rollout_policy" in run:
+        run["rollout_policy"] = rollout_policy_step(run["step"], staleness)
 
 
 def validated(tree: dict[str, Any], source: str) -> RLTrainerConfig:

@@ -161,8 +161,8 @@ def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Eng
 def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, int]:
     """params.yaml edited, DVC's files repaired, the pipeline's inputs brought up to date, the step to
     start from found."""
-    if overrides:
-        edit_params(params, overrides)
+    if overrides:  # with the run pointer they move (rlx.config.loading.follow_the_run_pointer)
+        edit_params(params, [*overrides, f"run.rollout_policy={load(params, overrides).run.rollout_policy}"])
     config = load(params)
     if (params.parent / "dvc.yaml").is_file():
         dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
