@@ -260,6 +260,14 @@ ROWS = [
         message="{d}/params.yaml: 1,048,584 bytes, more than a params file can be (1 MiB)"),
     Row("int past 64 bits", ["config", "show", "{params}", "-S", "seed=100000000000000000000000"],
         "{params}: invalid configuration: seed: must fit in 64 bits (below 2^63 in size); got 100000000000000000000000"),
+    Row("a flag as a count", ["config", "show", "{params}", "-S", "dataflow_config.max_staleness=true"],
+        "{params}: invalid configuration: dataflow_config.max_staleness: Input should be a whole number, written "
+        "without a point and not as true or false; got True"),
+    Row("a count with a point", ["config", "show", "{params}", "-S", "rollout_steps=2.0"],
+        "{params}: invalid configuration: rollout_steps: Input should be a whole number, written without a point "
+        "and not as true or false; got 2.0"),
+    Row("a count as a flag", ["config", "show", "{params}", "-S", "auto_resume=1"],
+        "{params}: invalid configuration: auto_resume: Input should be true or false; got 1"),
     Row("infinite float", ["config", "show", "{params}", "-S", "train_worker_cfg.optim_cfg.lr=.inf"],
         "{params}: invalid configuration: train_worker_cfg.optim_cfg.lr: Input should be a finite number; got inf"),
     Row("reward weight past any real reward", ["config", "show", "{params}", "-S",

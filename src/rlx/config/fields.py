@@ -4,8 +4,9 @@ against :mod:`rlx.algo.registry`."""
 
 from __future__ import annotations
 
+import types
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -72,10 +73,34 @@ def unsupported_reason(field) -> str | None:
     return extra.get("unsupported")
 
 
+def plain_kind(annotation: Any) -> type | None:
+    """``int`` or ``bool`` when a field's annotation allows that type alone (besides None), else None."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) in (Union, types.UnionType):
+        allowed = [arg for arg in get_args(annotation) if arg is not type(None)]
+        annotation = allowed[0] if len(allowed) == 1 else None
+    return annotation if annotation in (int, bool) else None
+
+
 class Section(BaseModel):
     """Base of every config section: unknown keys are rejected, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _counts_and_flags_as_written(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic's lax mode reads true as 1, 2.0 as 2 and "yes" as true: a count or a flag that is not
+        written as one was most likely meant as something else, so it is refused instead."""
+        kind = plain_kind(cls.model_fields[info.field_name].annotation)
+        if value is None or kind is None:
+            return value
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError("Input should be a whole number, written without a point and not as true or false")
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError("Input should be true or false")
+        return value
 
     @field_validator("*", mode="after")
     @classmethod
