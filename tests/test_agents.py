@@ -128,6 +128,30 @@ def test_async_tools_wait_together_on_one_event_loop_and_are_cancelled_past_thei
     assert label in async_agents.CANCELLED
 
 
+def test_a_tool_raising_systemexit_or_keyboardinterrupt_is_that_calls_error_and_later_calls_run(monkeypatch):
+    """A BaseException from user code, in a thread or on the shared event loop (where it once ended the loop's
+    thread, and every later async call timed out), is the call's error; the machinery stays up."""
+    from helpers import agents, async_agents
+    from rlx.agents import calls
+
+    monkeypatch.setattr(calls, "LOOP", calls.EventLoopThread())
+    for _ in range(2):
+        (sync_exit, after), (interrupt,), (async_exit, async_after), (plain, mixed) = run_chains(
+            [[agents.exits, agents.pause], [agents.interrupted], [async_agents.exits, async_agents.pause],
+             [agents.pause, async_agents.exits]],
+            timeout=2.0,
+        )  # fmt: skip
+        assert (sync_exit.error, after.value) == ("SystemExit: 3", "ok")
+        assert interrupt.error == "KeyboardInterrupt: from a library"
+        assert (async_exit.error, async_after.value, plain.value, mixed.error) == (
+            "SystemExit: 3",
+            "ok",
+            "ok",
+            "SystemExit: 3",
+        )
+        assert not any(o.timed_out for o in (sync_exit, interrupt, async_exit, async_after, mixed))
+
+
 def test_a_tool_past_its_deadline_on_an_event_loop_leaves_its_thread_unharmed(monkeypatch):
     """LMDeploy's driver waits on a turn's calls from its event loop, which cancels the future it gives up
     on; the tool's thread, ending later, must not fail setting it (it once did, with InvalidStateError)."""

@@ -104,3 +104,12 @@ class Recorded:
         generated = self.sampler.generate(prompts, params, seed=seed)
         self.seconds.append(time.perf_counter() - started)
         return generated
+
+
+def exits() -> str:
+    """A tool that ends the program as a careless library might."""
+    raise SystemExit(3)
+
+
+def interrupted() -> str:
+    raise KeyboardInterrupt("from a library")

@@ -54,3 +54,8 @@ class AsyncCounter:
 
     async def reward(self) -> float:
         return float(self.count)
+
+
+async def exits() -> str:
+    """A tool that ends the program as a careless library might."""
+    raise SystemExit(3)

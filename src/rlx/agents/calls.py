@@ -111,6 +111,22 @@ def _new_pool_in_child() -> None:
 os.register_at_fork(after_in_child=_new_pool_in_child)
 
 
+def failed(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def settled(awaitable) -> tuple[object, str | None]:
+    """``(value, None)``, or ``(None, error)`` for whatever a user's coroutine raised: on the shared event loop a
+    SystemExit or KeyboardInterrupt would end the loop's thread, and every later async call with it. A
+    cancellation (the call given up at its deadline) goes on: it ends the chain."""
+    try:
+        return await awaitable, None
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - see above
+        return None, failed(exc)
+
+
 class Chain:
     """Calls (functions of no arguments) run in order, started at once: on the event loop if every call is
     a coroutine function, else in a daemon thread (where an async call's coroutine is run on the loop)."""
@@ -133,9 +149,9 @@ class Chain:
             try:
                 value, error = call(), None
                 if inspect.isawaitable(value):
-                    value = LOOP.submit(value).result()
-            except Exception as exc:  # noqa: BLE001 - a tool's bug is shown to the model, not the run's end
-                value, error = None, f"{type(exc).__name__}: {exc}"
+                    value, error = LOOP.submit(settled(value)).result()
+            except BaseException as exc:  # noqa: BLE001 - a tool's bug (SystemExit too) is the model's to see
+                value, error = None, failed(exc)
             self._end(index, Outcome(value, error, time.perf_counter() - begun))
 
     async def _run_async(self, calls: list[Callable[[], object]]) -> None:
@@ -143,10 +159,7 @@ class Chain:
             if not self._begin(index):
                 return
             begun = time.perf_counter()
-            try:
-                value, error = await call(), None
-            except Exception as exc:  # noqa: BLE001 - as in _run (a cancellation is no Exception: it ends the chain)
-                value, error = None, f"{type(exc).__name__}: {exc}"
+            value, error = await settled(call())
             self._end(index, Outcome(value, error, time.perf_counter() - begun))
 
     def _begin(self, index: int) -> bool:
