@@ -265,6 +265,25 @@ def test_an_environment_whose_reset_fails_scores_that_rollout_0_and_the_run_goes
     )
 
 
+@pytest.mark.parametrize("environment", ["helpers.agents:Stuck", "helpers.async_agents:AsyncStuck"])
+def test_an_environment_whose_reset_hangs_or_exits_fails_its_rollout_at_the_deadline(tokenizer, environment):
+    """Every environment is made and reset at once, under tool_timeout: one that never returns (or raises
+    SystemExit) fails its own rollout, counted; the rest start, all within about one deadline."""
+    config = AgentLoopConfig(environment=environment, max_turns=2, tool_timeout=0.3)
+    loop = AgentLoop(config, tokenizer, SampleParams(max_tokens=16))
+    rows = [reset_row("count", [{"role": "user", "content": "?"}], gold) for gold in ("hang", "3", "exit", "hang")]
+    began = time.perf_counter()
+    started = loop.starts(rows, [[0]] * len(rows))
+    assert time.perf_counter() - began < 1.5
+    assert [t.finish_reason == "reset_failed" for t in started] == [True, False, True, True]
+    assert [t.reward_error for t in started] == [
+        "reset failed (timeout: no result within 0.3 s)", None,
+        f"reset failed ({'RuntimeError: ' if 'async' in environment else ''}SystemExit: 1)",
+        "reset failed (timeout: no result within 0.3 s)",
+    ]  # fmt: skip
+    assert tokenizer.decode(started[1].prompt_ids).startswith("<|im_start|>user\nCount to 3.")
+
+
 def test_the_loss_and_the_advantages_length_terms_read_only_the_model_tokens():
     """Two responses of 4 tokens; the first has 2 tool tokens in the middle (mask 1 0 0 1)."""
     rows = [

@@ -1,6 +1,7 @@
 """Tools and environments used by the agent tests, loaded by name as a user's own would be."""
 
 import os
+import threading
 import time
 
 
@@ -113,3 +114,14 @@ def exits() -> str:
 
 def interrupted() -> str:
     raise KeyboardInterrupt("from a library")
+
+
+class Stuck(Counter):
+    """An environment whose ``reset`` never returns on some rows (a user's bug waiting on a service)."""
+
+    def reset(self, row: dict) -> str:
+        if row["ground_truth"] == "hang":
+            threading.Event().wait()
+        if row["ground_truth"] == "exit":
+            raise SystemExit(1)
+        return super().reset(row)

@@ -59,3 +59,14 @@ class AsyncCounter:
 async def exits() -> str:
     """A tool that ends the program as a careless library might."""
     raise SystemExit(3)
+
+
+class AsyncStuck(AsyncCounter):
+    """helpers.agents.Stuck, its ``reset`` a coroutine that awaits forever or exits on some rows."""
+
+    async def reset(self, row: dict) -> str:
+        if row["ground_truth"] == "hang":
+            await asyncio.Event().wait()
+        if row["ground_truth"] == "exit":
+            raise SystemExit(1)
+        return await super().reset(row)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from numbers import Real
 
 from rlx import seeds
@@ -98,11 +99,24 @@ class AgentLoop:
     def start(self, row: dict, ids: list[int]) -> Trajectory:
         """A rollout of the prompt ``row`` (rlx.agents.loop.reset_row), whose rendered ``ids`` it starts
         from unless its environment's ``reset`` gives another conversation."""
-        try:
-            session = self.toolbox.session(row)
-        except Exception as exc:  # noqa: BLE001 - the user's environment: its fault is counted, the run goes on
-            error = f"reset failed ({type(exc).__name__}: {exc})"
+        return self.starts([row], [ids])[0]
+
+    def starts(self, rows: list[dict], ids: list[list[int]]) -> list[Trajectory]:
+        """:meth:`start` for many rows. Their environments are made and reset all at once, each under
+        ``tool_timeout``: user code, which may raise, hang or exit; such a rollout fails (counted, scored 0)
+        and the others go on."""
+        if self.toolbox.environment is None:
+            return [
+                Trajectory(list(row_ids), self.toolbox.session(row)) for row, row_ids in zip(rows, ids, strict=True)
+            ]
+        made = run_chains([[partial(self.toolbox.session, row)] for row in rows], self.config.tool_timeout)
+        return [self.started(outcome, row_ids) for (outcome,), row_ids in zip(made, ids, strict=True)]
+
+    def started(self, made: Outcome, ids: list[int]) -> Trajectory:
+        if made.error is not None:
+            error = f"reset failed ({made.error})"
             return Trajectory(list(ids), Session({}, None, None), finish_reason=RESET_FAILED, reward_error=error)
+        session = made.value
         if session.start is not None:
             messages = [{"role": "user", "content": session.start}] if isinstance(session.start, str) else session.start
             ids = prompt_ids(self.tokenizer, messages, self.toolbox.schemas)

@@ -91,7 +91,9 @@ class Toolbox:
         instance = self.environment()
         start = instance.reset(row)
         if inspect.isawaitable(start):  # an async reset, run on the async tools' event loop
-            start = calls.LOOP.submit(start).result()
+            start, error = calls.LOOP.submit(calls.settled(start)).result()
+            if error is not None:
+                raise RuntimeError(error)
         bound = {name: getattr(instance, name) for name in self.functions}
         return Session(bound, instance, start)
 

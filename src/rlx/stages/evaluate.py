@@ -118,11 +118,8 @@ def respond(config: RLTrainerConfig, sampler: Sampler, tokenizer, rows: list[dic
     if agent is None:
         return sampler.generate(ids, params, seed=seed)
     loop = AgentLoop(agent, tokenizer, params)
-    starts = [
-        loop.start(reset_row(row["data_source"], row["prompt"], str(row["reward_model"]["ground_truth"])), row_ids)
-        for row, row_ids in zip(rows, ids, strict=True)
-    ]
-    return loop.run(sampler, starts, seed)
+    resets = [reset_row(row["data_source"], row["prompt"], str(row["reward_model"]["ground_truth"])) for row in rows]
+    return loop.run(sampler, loop.starts(resets, ids), seed)
 
 
 def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: int) -> tuple[list[dict], dict]:

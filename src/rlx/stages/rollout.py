@@ -48,7 +48,7 @@ def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict
         generations = sampler.generate([group["prompt_ids"] for group in repeated], flow.sample_params, seed=seed)
     else:
         loop = AgentLoop(flow.agent_loop_config, engines.tokenizer, flow.sample_params)
-        starts = [loop.start(prompt_row(group), group["prompt_ids"]) for group in repeated]
+        starts = loop.starts([prompt_row(group) for group in repeated], [group["prompt_ids"] for group in repeated])
         generations = loop.run(sampler, starts, seed)
     rows = []
     for position, out in enumerate(generations):
