@@ -76,6 +76,27 @@ def test_a_tool_that_raises_hangs_or_answers_wrongly_runs_no_longer_than_its_dea
     assert (text, error, kept) == (f"1234 [Error: {note}]", note, "1234")
 
 
+def test_a_tools_huge_answer_or_error_is_cut_in_characters_before_any_work_on_it(tokenizer):
+    """A 20 MB result costs what its first tokens cost, and a 20 MB error message is kept as 2,000 characters."""
+    from rlx.agents.format import longest_token
+    from rlx.errors import MESSAGE_CHARS
+
+    huge = "7" * 20_000_000
+
+    def flood():
+        raise ValueError(huge)
+
+    began = time.perf_counter()
+    ((raised,),) = run_chains([[flood]], timeout=5.0)
+    (text, error), (shown, kept) = shown_results(tokenizer, [(huge, None), (None, raised.error)], 4)
+    assert time.perf_counter() - began < 2.0
+    digits = 4 * longest_token(tokenizer) + 1  # one token each: what was kept of the 20,000,000 characters
+    note = f"output cut to 4 of at least {digits} tokens (agent_loop_config.max_tool_response_tokens)"
+    assert (text, error) == (f"7777 [Error: {note}]", note)
+    assert raised.error == f"ValueError: {'7' * MESSAGE_CHARS}... (20,000,000 characters)" and kept == raised.error
+    assert shown.startswith("Error") and len(shown) < 200  # cut to 4 tokens too
+
+
 def test_tool_threads_are_kept_for_the_next_turn_and_a_hung_one_holds_up_none(monkeypatch):
     """A turn's chains run on the threads the turn before left idle; a thread stuck in a hung tool is
     not given another call, so the next turn starts one more; idle threads end after IDLE_S."""

@@ -30,6 +30,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
+from rlx.errors import described
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -111,10 +113,6 @@ def _new_pool_in_child() -> None:
 os.register_at_fork(after_in_child=_new_pool_in_child)
 
 
-def failed(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 async def settled(awaitable) -> tuple[object, str | None]:
     """``(value, None)``, or ``(None, error)`` for whatever a user's coroutine raised: on the shared event loop a
     SystemExit or KeyboardInterrupt would end the loop's thread, and every later async call with it. A
@@ -124,7 +122,7 @@ async def settled(awaitable) -> tuple[object, str | None]:
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # noqa: BLE001 - see above
-        return None, failed(exc)
+        return None, described(exc)
 
 
 class Chain:
@@ -151,7 +149,7 @@ class Chain:
                 if inspect.isawaitable(value):
                     value, error = LOOP.submit(settled(value)).result()
             except BaseException as exc:  # noqa: BLE001 - a tool's bug (SystemExit too) is the model's to see
-                value, error = None, failed(exc)
+                value, error = None, described(exc)
             self._end(index, Outcome(value, error, time.perf_counter() - begun))
 
     async def _run_async(self, calls: list[Callable[[], object]]) -> None:

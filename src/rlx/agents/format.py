@@ -135,19 +135,34 @@ def render_tool_turn(tokenizer, messages: list[dict]) -> str:
 def shown_results(tokenizer, results: list[tuple[object, str | None]], limit: int) -> list[tuple[str, str | None]]:
     """(what the model is shown, the call's error) for each call's (value, error): a text result, or the
     error as ``Error: ...``; a result that is not text is an error, and any text past ``limit`` tokens is
-    cut, which is one too. The texts are encoded in one batch."""
+    cut, which is one too. A text is first cut to as many characters as ``limit`` tokens can hold (no token
+    is longer than the vocabulary's longest), so a tool's 50 MB answer costs what its first tokens cost; the
+    texts are then encoded in one batch."""
     errors = [error if error is not None or isinstance(value, str) else not_text(value) for value, error in results]
     texts = [value if error is None else f"Error: {error}" for (value, _), error in zip(results, errors, strict=True)]
-    return [cut(tokenizer, *shown, limit) for shown in zip(texts, errors, encode_many(tokenizer, texts), strict=True)]
+    bound = limit * longest_token(tokenizer) + 1  # characters: a text longer holds more than ``limit`` tokens
+    kept = [text[:bound] for text in texts]
+    return [
+        cut(tokenizer, text, error, ids, limit, whole=len(text) == len(full))
+        for text, full, error, ids in zip(kept, texts, errors, encode_many(tokenizer, kept), strict=True)
+    ]
+
+
+@lru_cache(maxsize=8)
+def longest_token(tokenizer) -> int:
+    """The most characters one token of ``tokenizer`` stands for (its vocabulary's longest entry in bytes)."""
+    return max(len(token.encode()) for token in tokenizer.get_vocab())
 
 
 def not_text(value: object) -> str:
     return f"the tool returned {type(value).__name__}, not text"
 
 
-def cut(tokenizer, text: str, error: str | None, ids: list[int], limit: int) -> tuple[str, str | None]:
-    """``text`` (encoded as ``ids``) and its error, cut to ``limit`` tokens with a note if longer."""
+def cut(tokenizer, text: str, error: str | None, ids: list[int], limit: int, whole: bool) -> tuple[str, str | None]:
+    """``text`` (encoded as ``ids``; ``whole``: not already cut to a bound) and its error, cut to ``limit``
+    tokens with a note if longer."""
     if len(ids) <= limit:
         return text, error
-    note = f"output cut to {limit} of {len(ids)} tokens (agent_loop_config.max_tool_response_tokens)"
+    count = len(ids) if whole else f"at least {len(ids)}"
+    note = f"output cut to {limit} of {count} tokens (agent_loop_config.max_tool_response_tokens)"
     return f"{decode(tokenizer, ids[:limit], skip_special_tokens=False)} [Error: {note}]", error or note

@@ -25,7 +25,7 @@ from math import isfinite
 from numbers import Real
 
 from rlx.config import JudgerConfig
-from rlx.errors import UserError
+from rlx.errors import UserError, described
 from rlx.helper_processes import helper_context
 from rlx.judgers.custom import CustomJudger
 from rlx.judgers.deadline import call_within
@@ -85,7 +85,7 @@ def safe_score(judger, response: str, gold: str, row: dict | None) -> tuple[floa
 
 def failure(exc: Exception) -> tuple[float, None, str]:
     """A failed score: 0, no answer read, and the error as kept in the judged artifact."""
-    return 0.0, None, f"{type(exc).__name__}: {exc}"
+    return 0.0, None, described(exc)
 
 
 def batch_scores(judger, items: list[tuple]) -> list[tuple[float, str | None, str | None]]:
