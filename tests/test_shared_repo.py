@@ -289,17 +289,29 @@ def test_finished_runs_are_dvc_experiments_side_by_side(finished, tmp_path):
     for command in (["add", "-A"], ["commit", "-q", "-m", "the project"]):
         subprocess.run([*git, *command], cwd=project, check=True, capture_output=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout
-    assert "saved as DVC experiment demo" in fit(project).stdout  # finished already: recorded again, and saved
+    demo, b = (f"{folder}-{head[:7]}" for folder in ("demo", "b"))  # unique across commits, still readable
+    assert f"saved as DVC experiment {demo}" in fit(project).stdout  # finished already: recorded again, and saved
     second = fit(project, "work_dir=runs/b", "train_worker_cfg.optim_cfg.lr=2.0e-4")
-    assert second.returncode == 0 and "saved as DVC experiment b" in second.stdout, second.stderr[-3000:]
+    assert second.returncode == 0 and f"saved as DVC experiment {b}" in second.stdout, second.stderr[-3000:]
     shown = experiments(json.loads(dvc(project, "exp", "show", "--json").stdout))
-    shown = {name: data for name, data in shown.items() if name in {"demo", "b"}}  # not the baseline row
+    shown = {name: data for name, data in shown.items() if name in {demo, b}}  # not the baseline row
     lr = {name: shown[name]["params"]["params.yaml"]["data"]["train_worker_cfg"]["optim_cfg"]["lr"] for name in shown}
-    assert lr == {"demo": 1e-4, "b": 2e-4}
+    assert lr == {demo: 1e-4, b: 2e-4}
     summaries = {name: shown[name]["metrics"]["metrics.json"]["data"] for name in shown}
-    assert {name: summary["step"] for name, summary in summaries.items()} == {"demo": 2, "b": 2}
-    assert summaries["demo"] == json.loads((finished / "metrics.json").read_text())
-    diff = dvc(project, "exp", "diff", "--all", "demo", "b").stdout
+    assert {name: summary["step"] for name, summary in summaries.items()} == {demo: 2, b: 2}
+    assert summaries[demo] == json.loads((finished / "metrics.json").read_text())
+    diff = dvc(project, "exp", "diff", "--all", demo, b).stdout
     assert "train_worker_cfg.optim_cfg.lr" in diff and "response/rewards/mean" in diff
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout == head
     assert dvc_status(project) == {}
+
+
+def test_experiment_names_are_unique_across_commits_and_work_dirs(tmp_path):
+    from rlx.lineage.experiment import experiment_name
+
+    commit, other = "6c7da9c1" + "0" * 32, "79469cf5" + "0" * 32
+    assert experiment_name(Path("runs/demo"), tmp_path, commit) == "demo-6c7da9c"
+    assert experiment_name(Path("runs/demo"), tmp_path, other) == "demo-79469cf"  # another commit's demo run
+    assert experiment_name(Path("runs/sweep/lr2e-4"), tmp_path, commit) == "sweep-lr2e-4-6c7da9c"
+    assert experiment_name(tmp_path / "runs/x/demo", tmp_path, commit) == "x-demo-6c7da9c"
+    assert experiment_name(Path("/elsewhere/demo"), tmp_path, commit) == "demo-6c7da9c"

@@ -6,7 +6,8 @@ project's folder, a fixed path that dvc.yaml declares as its top-level metrics: 
 by path, and a step's own metrics files lie under the run's folder and its step (one column per run
 and step). When the run ends, the workspace (params.yaml, dvc.lock, metrics.json and every tracked
 file as it is now, on top of the current commit) is committed to the ref DVC keeps experiments
-under, named after the run's folder, as `dvc exp save -n NAME -f` would record it. The commit is
+under, named after the run's folder and the commit it started from (``demo-1a2b3c4``), as
+`dvc exp save -n NAME -f` would record it. The commit is
 written from the workspace's files without touching them: `dvc exp save` swaps the workspace to the
 current commit and back while it works, so a kill in between would leave params.yaml empty, and it
 would record the stages again (DVC's run-cache entries included) after rlx already recorded them.
@@ -39,9 +40,23 @@ def write_summary(project: Path, layout: RunLayout, step: int) -> None:
     write_json({"step": step, "evaluated_at": evaluated, **numbers}, project / SUMMARY)
 
 
-def save(project: Path, name: str) -> str:
-    """Commit the workspace as DVC experiment ``name`` on top of the current commit (replacing an
-    experiment of that name there); returns the commit's id. ValueError says why it cannot be saved."""
+def experiment_name(work_dir: Path, project: Path, baseline: str) -> str:
+    """A run's experiment name, unique across commits (DVC looks a name up in every commit's experiments, so
+    two commits' ``demo`` runs would make ``dvc exp apply demo`` ambiguous) and readable: the work_dir below
+    ``runs/`` (folders joined by ``-``; outside the project, its last folder), then the commit the run
+    started from, as git shortens it."""
+    work_dir, project = Path(work_dir), Path(project).resolve()
+    if work_dir.is_absolute():
+        work_dir = work_dir.relative_to(project) if work_dir.is_relative_to(project) else Path(work_dir.name)
+    parts = work_dir.parts
+    folders = parts[1:] if len(parts) > 1 and parts[0] == "runs" else parts
+    return f"{'-'.join(folders)}-{baseline[:7]}"
+
+
+def save(project: Path, work_dir: Path) -> tuple[str, str]:
+    """Commit the workspace as the DVC experiment of the run in ``work_dir`` on top of the current commit
+    (replacing the experiment of that run there); returns its name and the commit's id. ValueError says why it
+    cannot be saved."""
     import pygit2
     from dvc.repo.experiments.refs import ExpRefInfo
 
@@ -51,6 +66,7 @@ def save(project: Path, name: str) -> str:
     repo = pygit2.Repository(found)
     if repo.head_is_unborn:
         raise ValueError("its git repository has no commit yet")
+    name = experiment_name(work_dir, project, str(repo.head.target))
     ref = str(ExpRefInfo(baseline_sha=str(repo.head.target), name=name))
     if "/" in name or not pygit2.reference_is_valid_name(ref):
         raise ValueError(f"{name!r} is not a valid experiment name (git's rules for branch names)")
@@ -58,7 +74,7 @@ def save(project: Path, name: str) -> str:
     signature = default_signature(repo)
     commit = repo.create_commit(None, signature, signature, f"rlx fit: run {name}", tree, [repo.head.target])
     repo.references.create(ref, commit, force=True)
-    return str(commit)
+    return name, str(commit)
 
 
 def workspace_tree(repo, project: Path):

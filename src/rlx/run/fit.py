@@ -190,9 +190,8 @@ def undone_if_refused(params: Path, work_dir: Path, existed: bool):
 
 def save_as_experiment(project: Path, work_dir: Path, console: Console) -> None:
     """The finished run as a DVC experiment named after its folder (rlx.lineage.experiment), or why it is not one."""
-    name = Path(work_dir).name
     try:
-        commit = experiment.save(project, name)
+        name, commit = experiment.save(project, work_dir)
     except ValueError as reason:
         log.warning("the run is not saved as a DVC experiment: %s", reason)
         return
