@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import importlib.util
 import json
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -544,3 +545,15 @@ def test_disk_full_while_saving_a_checkpoint_keeps_the_previous_one(inputs, judg
     assert not (work_dir / "step-1" / "checkpoint_metrics.json").exists()
     after = load_file(work_dir / "step-0" / "policy" / "model.safetensors")
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("field", ["log_dir", "work_dir"])
+@pytest.mark.parametrize("place", [".git", ".git/logs", ".dvc/tmp", "src/rlx", "."])
+def test_logs_and_runs_stay_out_of_what_git_dvc_and_the_code_keep(field, place, tmp_path, monkeypatch):
+    from rlx.config import load
+    from rlx.run.preflight import check_overlaps
+
+    monkeypatch.chdir(tmp_path)  # rlx's checks run in the project's folder
+    config = load(PARAMS, [f"{field}={place}"])
+    with pytest.raises(UserError, match=rf"^{field} {re.escape(place)} overlaps {re.escape(str(tmp_path))}/"):
+        check_overlaps(config, tmp_path)

@@ -139,6 +139,13 @@ def check_overlaps(config: RLTrainerConfig, project: Path) -> None:
     if config.log_dir is not None and Path(config.log_dir).is_file():
         raise UserError(f"log_dir {config.log_dir}: is a file; give a folder (it holds the run's logs)")
     folders = {"work_dir": config.work_dir, "log_dir": config.log_dir}
+    kept = [project / ".git", project / ".dvc", project / "src", project / "dvc.yaml", project / "params.yaml"]
+    for (field, folder), place in itertools.product(folders.items(), kept):
+        if folder is not None and overlaps(folder, place):
+            raise UserError(
+                f"{field} {folder} overlaps {place}, which git, DVC or the pipeline's code keep; "
+                f"choose a {field} of its own, e.g. runs/NAME"
+            )
     for (field, folder), output in itertools.product(folders.items(), made_by_the_pipeline(config)):
         if folder is not None and overlaps(folder, output):
             raise UserError(
