@@ -173,6 +173,10 @@ ROWS = [
     Row("LoRA on a module the model lacks", ["fit", "{params}", "-S", "train_worker_cfg.lora.target_modules=[q_proj, attn]"],
         "train_worker_cfg.lora.target_modules: attn not among the linear modules of the model in load_from {model}: "
         "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or all-linear)"),
+    Row("LoRA on a dotted path the model lacks",
+        ["fit", "{params}", "-S", "train_worker_cfg.lora.target_modules=[self_attn.q_proj, mlp.q_proj]"],
+        "train_worker_cfg.lora.target_modules: mlp.q_proj not among the linear modules of the model in load_from "
+        "{model}: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (or all-linear)"),
     Row("bad YAML", **show("dataflow_config: [unclosed\n"),
         message="{d}/params.yaml: not valid YAML at line 2, column 1 (expected ',' or ']', but got '<stream end>')"),
     Row("duplicate key", **show("seed: 1\ndataflow_config:\n  prompt_repeat_k: 4\n  prompt_repeat_k: 8\n"),

@@ -63,7 +63,11 @@ def check_targets(cfg: LoraConfig, model, load_from: Path) -> None:
     if cfg.target_modules == "all-linear":
         return
     known = linear_modules(model)
-    missing = [name for name in cfg.target_modules if name.rsplit(".", 1)[-1] not in known]
+    linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    missing = [  # peft's own match: the module's whole name, or its end after a dot
+        target for target in cfg.target_modules
+        if target.rsplit(".", 1)[-1] not in known or not any(n == target or n.endswith(f".{target}") for n in linear)
+    ]  # fmt: skip
     if missing:
         raise UserError(
             f"train_worker_cfg.lora.target_modules: {', '.join(missing)} not among the linear modules of the model "
