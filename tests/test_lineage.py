@@ -314,3 +314,16 @@ def test_a_damaged_optimizer_state_is_refused_when_loaded(copy, capsys):
         f"error: checkpoint of step 2 is damaged ({relative}: contents differ from what was written (corrupted)); "
         "remove its policy/ and trainer_state/ and rlx re-creates them by replay from the checkpoint before\n",
     )
+
+
+def test_a_metrics_files_mark_is_no_column_of_dvc_metrics_show(tmp_path):
+    """The warm start's metrics carry rlx init-model's mark (the guard replaces only what it wrote) in a form
+    DVC's metrics commands leave out, so `dvc metrics show` shows numbers only."""
+    from dvc.repo.metrics.show import _extract_metrics
+
+    from rlx.store.targets import made_by, metrics_mark
+
+    written = {**metrics_mark("rlx init-model"), "held_out_accuracy": 0.46}
+    (tmp_path / "warm_start.json").write_text(json.dumps(written))
+    assert made_by(tmp_path / "warm_start.json") == "rlx init-model"
+    assert _extract_metrics(written, "warm_start.json") == {"held_out_accuracy": 0.46}

@@ -103,3 +103,22 @@ def test_a_run_names_what_differs_from_the_committed_params_and_rlx_reset_return
     assert (project / "params.yaml").read_text() == committed and (project / "data/arith/test.parquet").is_file()
     recorded = ("init_data", "init_model", "convert_gsm8k@train", "convert_gsm8k@test", "convert_math500")
     assert not [stage for stage in dvc_status(project) if stage.rsplit(":", 1)[-1] in recorded]
+
+
+def test_a_notebook_runs_fit_with_its_cells_executed_once(project, tmp_path):
+    """A notebook's kernel is the user's program: its cells run once, and fit() runs to the end."""
+    import os
+    from unittest import mock
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    setup = f"import os\nos.chdir({str(project)!r})\n"
+    cells = [setup, PROGRAM.format(judging=f", judger_config={POOLED_JUDGERS}").replace("start-{starts}", "notebook")]
+    book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    before = (project / "ran.txt").read_text().count("ran") if (project / "ran.txt").exists() else 0
+    with mock.patch.dict(os.environ, child_env(), clear=True):
+        NotebookClient(book, timeout=600, kernel_name="python3").execute()
+    printed = "".join(o.get("text", "") for cell in book.cells for o in cell.outputs)
+    assert "steps: [1]" in printed, printed[-2000:]
+    assert (project / "ran.txt").read_text().count("ran") == before + 1

@@ -7,7 +7,7 @@ destroy what is there. The guard refuses, before anything is written: a path tha
 or the current folder, a path in or around an rlx run, the command's own inputs, a file where a folder
 is written or a folder where a file is, and anything already there that the same command did not
 write. What rlx wrote carries a mark saying which command wrote it: a folder a ``.rlx.json`` file, a
-parquet file a key of its footer's metadata, a JSON file a ``$comment`` key.
+parquet file a key of its footer's metadata, a JSON file a ``$comment`` key (a metrics file's in a list).
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def made_by(path: Path) -> str | None:
             return metadata.get(MARK.encode(), b"").decode() or None
         if path.suffix == ".json":
             text = json.loads(path.read_text())
-            return text.get("$comment", "").removeprefix("made by ") if isinstance(text, dict) else None
+            comment = text.get("$comment", "") if isinstance(text, dict) else ""
+            comment = comment[0] if isinstance(comment, list) and comment else comment  # a metrics file's mark
+            return comment.removeprefix("made by ") if isinstance(comment, str) else None
     except (OSError, ValueError, AttributeError):
         return None
     return None
@@ -100,6 +102,12 @@ def folder_mark(made_by: str, **more) -> str:
 def json_mark(command: str) -> dict:
     """The key a JSON file written by ``command`` carries (JSON Schema reserves ``$comment`` for notes)."""
     return {"$comment": f"made by {command}"}
+
+
+def metrics_mark(command: str) -> dict:
+    """:func:`json_mark` for a metrics file: its note in a list, which `dvc metrics show` and `dvc exp show`
+    leave out (they show numbers and text), so no column of text sits among the metrics."""
+    return {"$comment": [f"made by {command}"]}
 
 
 def parquet_mark(command: str) -> dict[bytes, bytes]:

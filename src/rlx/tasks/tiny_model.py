@@ -23,7 +23,7 @@ from rlx.judgers import get as get_judger
 from rlx.phases import Phase
 from rlx.samplers.transformers_backend import generate
 from rlx.store.artifacts import atomic_dir, write_text
-from rlx.store.targets import FOLDER_MARK, folder_mark, json_mark
+from rlx.store.targets import FOLDER_MARK, folder_mark, metrics_mark
 from rlx.tasks.calculator import call_text, expression, tool_example
 from rlx.tasks.data import load_rows, prompt_ids
 
@@ -193,7 +193,7 @@ def build(config: RLTrainerConfig) -> dict:
         "vocab_size": len(tokenizer),
     }
     save(model, tokenizer, cfg.output_dir)
-    write_text(json.dumps({**json_mark("rlx init-model"), **metrics}, indent=2) + "\n", cfg.metrics_path)
+    write_text(json.dumps({**metrics_mark("rlx init-model"), **metrics}, indent=2) + "\n", cfg.metrics_path)
     return metrics
 
 
