@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from rlx.config import ConfigError, RLTrainerConfig, load, overrides_between, validated
+from rlx.debugging import quiet_libraries
 from rlx.lineage.record import make_room_for_the_recorder
 from rlx.plugins import spec_of
 
@@ -19,6 +20,7 @@ def train(params="params.yaml", overrides=(), work_dir=None):
     its :class:`rlx.explore.Run`. As with `-S`, the overrides (and ``work_dir``) are written into the
     params file, so DVC records what ran; paths in it are relative to its folder."""
     make_room_for_the_recorder()
+    quiet_libraries()  # as `rlx fit` is: a notebook shows rlx's lines, not the libraries' bars
     from rich.console import Console
 
     from rlx.explore import Run

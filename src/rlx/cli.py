@@ -7,8 +7,6 @@ mistake of the user's (:class:`rlx.errors.UserError`) prints one message and exi
 from __future__ import annotations
 
 import json
-import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from rlx.debugging import quiet_libraries
 from rlx.errors import UserError
 
 app = typer.Typer(
@@ -384,14 +383,6 @@ def compare_runs(
         for name, values in frame.iterrows():
             table.add_row(str(name), *(str(v) if not isinstance(v, float) else f"{v:.4g}" for v in values))
         console.print(table)
-
-
-def quiet_libraries() -> None:
-    """Keep the terminal for rlx's own progress: no per-file bars or chatter from the libraries."""
-    os.environ.setdefault("WANDB_SILENT", "true")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    logging.getLogger("dvc").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> None:

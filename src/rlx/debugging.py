@@ -1,17 +1,26 @@
 """What ``debug: true`` turns on: rlx's info and debug log lines, with their time and module, and
-finer timings in each step's metrics (the stages' CPU seconds, the update's forward and backward apart)."""
+finer timings in each step's metrics (the stages' CPU seconds, the update's forward and backward apart);
+and what the libraries print otherwise (:func:`quiet_libraries`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
 
-import torch
-
 HANDLER = "rlx-debug"  # the name of the handler this module adds, so it is added once and removed again
+
+
+def quiet_libraries() -> None:
+    """Keep the output for rlx's own progress: no per-file bars or chatter from the libraries (in a notebook
+    their bars also warn that ipywidgets is missing). Read by the libraries when they load: call it first."""
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.getLogger("dvc").setLevel(logging.WARNING)
 
 
 def configure_logging(debug: bool) -> None:
@@ -52,6 +61,8 @@ def timed(timings: dict[str, float], name: str, on: bool) -> Iterator[None]:
     if not on:
         yield
         return
+    import torch
+
     finished = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     finished()
     started = time.perf_counter()
