@@ -73,14 +73,6 @@ def test_a_program_without_a_guard_runs_once_however_it_is_started(project):
         assert (project / "ran.txt").read_text().splitlines() == ["ran"] * number, f"{how} ran the program again"
 
 
-def test_a_second_fit_of_a_finished_run_says_so_and_returns_it(project):
-    """As a re-run notebook cell does: the same trainer fitted again in a new process."""
-    again = PROGRAM.format(judging="").replace('f"runs/start-{starts}"', '"runs/start-1"')
-    done = started("-c", again, project)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "runs/start-1 holds every step of this run (1) already" in done.stdout and "steps: [1]" in done.stdout
-
-
 def test_a_run_names_what_differs_from_the_committed_params_and_rlx_reset_returns_to_it(untrained_model, tmp_path):
     project = make_project(tmp_path, untrained_model)
     committed = (project / "params.yaml").read_text()
@@ -105,8 +97,9 @@ def test_a_run_names_what_differs_from_the_committed_params_and_rlx_reset_return
     assert not [stage for stage in dvc_status(project) if stage.rsplit(":", 1)[-1] in recorded]
 
 
-def test_a_notebook_runs_fit_with_its_cells_executed_once(project, tmp_path):
-    """A notebook's kernel is the user's program: its cells run once, and fit() runs to the end."""
+def test_a_notebook_runs_fit_with_its_cells_executed_once_and_a_rerun_cell_returns_the_run(project, tmp_path):
+    """A notebook's kernel is the user's program: its cells run once, and fit() runs to the end; the fit cell
+    run again says that it returns the finished run."""
     import os
     from unittest import mock
 
@@ -114,11 +107,13 @@ def test_a_notebook_runs_fit_with_its_cells_executed_once(project, tmp_path):
     from nbclient import NotebookClient
 
     setup = f"import os\nos.chdir({str(project)!r})\n"
-    cells = [setup, PROGRAM.format(judging=f", judger_config={POOLED_JUDGERS}").replace("start-{starts}", "notebook")]
+    program = PROGRAM.format(judging=f", judger_config={POOLED_JUDGERS}").replace("start-{starts}", "notebook")
+    cells = [setup, program, "run = trainer.fit()"]  # the last: the fit cell run again
     book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
     before = (project / "ran.txt").read_text().count("ran") if (project / "ran.txt").exists() else 0
     with mock.patch.dict(os.environ, child_env(), clear=True):
         NotebookClient(book, timeout=600, kernel_name="python3").execute()
     printed = "".join(o.get("text", "") for cell in book.cells for o in cell.outputs)
     assert "steps: [1]" in printed, printed[-2000:]
+    assert "runs/notebook holds every step of this run (1) already" in " ".join(printed.split()), printed[-2000:]
     assert (project / "ran.txt").read_text().count("ran") == before + 1

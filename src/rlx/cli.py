@@ -318,7 +318,7 @@ def show(
     answer read from it and the gold, reward and advantage; the finish reason, how many
     updates stale the generating policy was (dataflow_config.max_staleness) and an agent's turns and calls
     where they say something."""
-    from rlx.explore import Run
+    from rlx.explore import Run, response_table
 
     explored = Run(run)
     if step is None:
@@ -327,44 +327,7 @@ def show(
         step = explored.steps()[-1]
     samples = explored.samples(step)
     title = f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}"
-    console.print(shown_responses(samples.head(rows).to_dict("records"), title))
-
-
-def shown_responses(records: list[dict], title: str):
-    """`rlx show`'s table: the texts share what width is left, cut to one line; a column that would say the
-    same for every row (every response stopped, none stale, no agent) is left out."""
-    from rich.table import Table
-
-    from rlx.config import staleness
-
-    agent = bool(records) and "tool_calls" in records[0]
-    optional = {
-        "finish": [r["finish_reason"] for r in records],
-        "stale": [str(staleness(r)) for r in records],
-        "turns": [str(r["turns"]) for r in records] if agent else [],
-        "calls": [calls_shown(json.loads(r["tool_calls"])) for r in records] if agent else [],
-    }
-    optional = {name: cells for name, cells in optional.items() if set(cells) - {"stop", "0"}}
-    table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold", expand=True)
-    table.add_column("#", no_wrap=True)
-    for name, ratio in (("question", 2), ("response", 3)):
-        table.add_column(name, ratio=ratio, no_wrap=True, overflow="ellipsis", min_width=8)
-    for name in ("answer/gold", "reward", "adv", *optional):
-        table.add_column(name, no_wrap=True, justify="right")
-    for index, row in enumerate(records):
-        answer = f"{row['extracted']}/{row['ground_truth']}" if "ground_truth" in row else str(row["extracted"])
-        table.add_row(
-            f"{row['group']}.{row['sample']}", " ".join(row["question"].split()),
-            " ".join(row["response_text"].split()), answer, f"{row['reward']:.2f}", f"{row['advantage']:+.2f}",
-            *(cells[index] for cells in optional.values()),
-        )  # fmt: skip
-    return table
-
-
-def calls_shown(calls: list[dict]) -> str:
-    """An agent rollout's calls as `rlx show` counts them: how many, and how many failed (shown as errors)."""
-    failed = sum(call["error"] is not None for call in calls)
-    return f"{len(calls)} ({failed} failed)" if failed else str(len(calls))
+    console.print(response_table(samples.head(rows).to_dict("records"), title))
 
 
 @app.command("compare")

@@ -94,7 +94,7 @@ class Section(BaseModel):
         """pydantic's lax mode reads true as 1, 2.0 as 2 and "yes" as true: a count or a flag that is not
         written as one was most likely meant as something else, so it is refused instead."""
         kind = plain_kind(cls.model_fields[info.field_name].annotation)
-        if value is None or kind is None:
+        if value is None or kind is None or isinstance(value, str):  # text: pydantic's own words say why not
             return value
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError("Input should be a whole number, written without a point and not as true or false")
