@@ -1,5 +1,5 @@
 """Every fenced block of the README and of the reference pages in docs/ runs as a user would run it, in
-order, in a copy of the project (the demo shortened by conftest.SHORT_RUN; one copy per page), or says
+order, in one copy of the project (the demo shortened by conftest.SHORT_RUN), or says
 visibly why it is not run here: a paragraph ``*Not run by the tests: REASON.*`` right above it. Sybil finds
 the blocks (fences in lists included).
 
@@ -57,21 +57,11 @@ BLOCKS = [block for page in PAGES for block in blocks_of(page)]
 
 
 @pytest.fixture(scope="module")
-def projects(tiny_model, tmp_path_factory):
-    """A page's project, made when its first block runs."""
-    made: dict[Path, Path] = {}
-
-    def project_of(page: Path) -> Path:
-        if page not in made:
-            made[page] = new_project(tiny_model, tmp_path_factory.mktemp(page.stem))
-        return made[page]
-
-    return project_of
-
-
-def new_project(tiny_model, base: Path) -> Path:
+def project(tiny_model, tmp_path_factory) -> Path:
     """The project as a clone would have it, in a folder named as the repository (a block names ../rlx),
-    committed, so `rlx reset` and `git worktree` find a commit."""
+    committed, so `rlx reset` and `git worktree` find a commit. The pages' blocks run in it one after the
+    other, as a reader of the README and then of docs/ would run them."""
+    base = tmp_path_factory.mktemp("readme")
     folder = make_project(base, tiny_model).rename(base / "rlx")
     git = ["git", "-c", "user.name=rlx", "-c", "user.email=rlx@localhost"]
     subprocess.run([*git, "add", "-A"], cwd=folder, check=True)
@@ -121,13 +111,12 @@ def block_id(block) -> str:
 
 
 @pytest.mark.parametrize("example", BLOCKS, ids=[block_id(b) for b in BLOCKS])
-def test_readme_block_runs_as_pasted(example, projects):
+def test_readme_block_runs_as_pasted(example, project):
     language, source = example.region.lexemes["arguments"], str(example.parsed)
     if reason := mark_of(example):
         pytest.skip(f"README says: not run by the tests: {reason}")
     if language == "text":
         pytest.skip("a figure: nothing to run")
-    project = projects(Path(example.path))
     if language == "console":
         assert not (problems := transcript_problems(source, project)), "\n".join(problems)
         return
