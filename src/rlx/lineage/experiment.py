@@ -53,12 +53,9 @@ def experiment_name(work_dir: Path, project: Path, baseline: str) -> str:
     return f"{'-'.join(folders)}-{baseline[:7]}"
 
 
-def save(project: Path, work_dir: Path) -> tuple[str, str]:
-    """Commit the workspace as the DVC experiment of the run in ``work_dir`` on top of the current commit
-    (replacing the experiment of that run there); returns its name and the commit's id. ValueError says why it
-    cannot be saved."""
+def committed_repository(project: Path):
+    """The git repository ``project`` lies in, with a commit; ValueError says why there is none."""
     import pygit2
-    from dvc.repo.experiments.refs import ExpRefInfo
 
     found = pygit2.discover_repository(str(project))
     if found is None:
@@ -66,6 +63,17 @@ def save(project: Path, work_dir: Path) -> tuple[str, str]:
     repo = pygit2.Repository(found)
     if repo.head_is_unborn:
         raise ValueError("its git repository has no commit yet")
+    return repo
+
+
+def save(project: Path, work_dir: Path) -> tuple[str, str]:
+    """Commit the workspace as the DVC experiment of the run in ``work_dir`` on top of the current commit
+    (replacing the experiment of that run there); returns its name and the commit's id. ValueError says why it
+    cannot be saved."""
+    import pygit2
+    from dvc.repo.experiments.refs import ExpRefInfo
+
+    repo = committed_repository(project)
     name = experiment_name(work_dir, project, str(repo.head.target))
     ref = str(ExpRefInfo(baseline_sha=str(repo.head.target), name=name))
     if "/" in name or not pygit2.reference_is_valid_name(ref):

@@ -13,6 +13,7 @@ import yaml
 from rlx.config import ConfigError, RLTrainerConfig, validated
 from rlx.config.loading import changed
 from rlx.errors import UserError
+from rlx.lineage.experiment import committed_repository
 
 PIPELINE_FILES = ("params.yaml", "dvc.yaml", "dvc.lock")  # what a run rewrites besides its work_dir
 SHOWN = 4  # differing fields named in the one line; the rest counted
@@ -21,13 +22,9 @@ SHOWN = 4  # differing fields named in the one line; the rest counted
 def committed_text(project: Path, name: str) -> str | None:
     """``name`` (in ``project``) as the repository's last commit holds it; None outside git, before the
     first commit, or where the file is not committed."""
-    import pygit2
-
-    found = pygit2.discover_repository(str(project))
-    if found is None:
-        return None
-    repo = pygit2.Repository(found)
-    if repo.head_is_unborn:
+    try:
+        repo = committed_repository(project)
+    except ValueError:
         return None
     path = (Path(project).resolve() / name).relative_to(Path(repo.workdir).resolve()).as_posix()
     try:

@@ -53,7 +53,7 @@ def fit(params: Path, overrides: list[str], console: Console | None = None) -> l
     console = console or Console()
     with preflight.entered(params, config) as existed, contextlib.ExitStack() as warm:
         with undone_if_refused(params, config.work_dir, existed):
-            config, start = set_up(params, overrides)
+            config, start = set_up(params, overrides, config)
             if note := workspace.differences_from_committed(params, config):
                 console.print(note, highlight=False)
             engines = warm.enter_context(warm_engines(config))  # several workers: started here, kept for the run
@@ -158,11 +158,11 @@ def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Eng
     return metrics
 
 
-def set_up(params: Path, overrides: list[str]) -> tuple[RLTrainerConfig, int]:
-    """params.yaml edited, DVC's files repaired, the pipeline's inputs brought up to date, the step to
-    start from found."""
+def set_up(params: Path, overrides: list[str], overridden: RLTrainerConfig) -> tuple[RLTrainerConfig, int]:
+    """params.yaml edited (to ``overridden``, the config the overrides make), DVC's files repaired, the
+    pipeline's inputs brought up to date, the step to start from found."""
     if overrides:  # with the run pointer they move (rlx.config.loading.follow_the_run_pointer)
-        edit_params(params, [*overrides, f"run.rollout_policy={load(params, overrides).run.rollout_policy}"])
+        edit_params(params, [*overrides, f"run.rollout_policy={overridden.run.rollout_policy}"])
     config = load(params)
     if (params.parent / "dvc.yaml").is_file():
         dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
