@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import PARAMS, demo_config
 from rlx.cli import main
-from rlx.store.targets import json_mark
+from rlx.store.targets import metrics_mark
 from rlx.tasks.arith import write_dataset
 from rlx.tasks.data import load_rows, prompt_ids
 from rlx.tasks.tiny_model import build, greedy_accuracy, train_tokenizer
@@ -66,7 +66,7 @@ def test_loads_with_auto_classes_and_generates(tiny_model):
 
 def test_warm_start_accuracy_is_partial_and_reproducible(tiny_model):
     cfg, metrics = tiny_model
-    assert json.loads(cfg.tiny_model.metrics_path.read_text()) == {**json_mark("rlx init-model"), **metrics}
+    assert json.loads(cfg.tiny_model.metrics_path.read_text()) == {**metrics_mark("rlx init-model"), **metrics}
     # Well above 0 and well below 100%: RL has something to start from and room to improve.
     assert 0.10 <= metrics["held_out_accuracy"] <= 0.60, metrics
     model = AutoModelForCausalLM.from_pretrained(cfg.tiny_model.output_dir)
