@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import threading
 import time
 from functools import partial
@@ -171,6 +172,68 @@ def test_a_tool_raising_systemexit_or_keyboardinterrupt_is_that_calls_error_and_
             "SystemExit: 3",
         )
         assert not any(o.timed_out for o in (sync_exit, interrupt, async_exit, async_after, mixed))
+
+
+def ended(labels: list[str], within: float = 2.0) -> bool:
+    """Whether every ``helpers.agents.spin`` of ``labels`` ran its cleanup within ``within`` seconds."""
+    from helpers import agents
+
+    deadline = time.monotonic() + within
+    while not set(labels) <= set(agents.CLEANED) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return set(labels) <= set(agents.CLEANED)
+
+
+def test_a_cpu_bound_call_past_its_deadline_is_stopped_and_its_thread_serves_the_next(monkeypatch, tmp_path):
+    """Tools looping in Python past their deadline (one swallowing every Exception) stop: their loops stop
+    counting, their ``finally`` runs, the calls after them in their chains never start, and their threads
+    take the next calls; a judger past its timeout (rlx.judgers.deadline) is stopped the same way."""
+    from helpers import agents
+    from rlx.agents import calls
+    from rlx.judgers.deadline import call_within
+
+    monkeypatch.setattr(calls, "THREADS", calls.DaemonThreads("rlx-tool-stop"))
+    monkeypatch.chdir(tmp_path)
+    labels = [f"spin-{n}-{time.monotonic()}" for n in range(4)]
+    outcomes = run_chains([[partial(agents.spin, label), agents.ping] for label in labels], timeout=0.2)
+    assert [(first.timed_out, then.error) for first, then in outcomes] == [
+        (True, "not run: an earlier call of this turn timed out")
+    ] * 4
+    assert ended(labels)
+    counts = {label: agents.SPINS[label] for label in labels}
+    time.sleep(0.1)
+    assert counts == {label: agents.SPINS[label] for label in labels}
+    time.sleep(0.3)
+    assert not (tmp_path / agents.TOOL_LOG).exists()  # the calls after the stopped ones never ran
+    pool = lambda: [t for t in threading.enumerate() if t.name == "rlx-tool-stop"]  # noqa: E731
+    assert len(pool()) == 4
+    assert [o.value for (o,) in run_chains([[agents.ping]] * 4, timeout=1.0)] == ["pong"] * 4
+    assert len(pool()) == 4  # the stopped calls' threads took them
+    label = f"judger-{time.monotonic()}"
+    assert call_within(0.2, agents.spin, label) == (0.0, None, "timeout: no score within 0.2 s")
+    assert ended([label])
+
+
+def test_a_call_past_its_deadline_that_python_cannot_stop_yet_is_named(monkeypatch, caplog):
+    """A call blocked in C (here a sleep) is stopped only when it returns: meanwhile a warning names it; then
+    it ends without running the rest of its chain."""
+    from helpers import agents
+    from rlx.agents import calls, stopping
+
+    monkeypatch.setattr(calls, "THREADS", calls.DaemonThreads("rlx-tool-stop"))
+    ((blocked, skipped),) = run_chains([[partial(agents.sleepy, 1.5), agents.pause]], timeout=0.1)
+    assert (blocked.timed_out, skipped.error) == (True, "not run: an earlier call of this turn timed out")
+    assert "sleepy" in stopping.still_running(grace=0.0)
+    time.sleep(0.1)
+    stopping.warn_still_running()
+    assert "sleepy" not in caplog.text  # the grace (1 s) is not over (earlier tests' hung calls may be named)
+    time.sleep(1.0)
+    stopping.warn_still_running()
+    assert re.search(r"call\(s\) given up at their deadline still run \([^)]*\bsleepy\b", caplog.text)
+    deadline = time.monotonic() + 2.0
+    while "sleepy" in stopping.still_running(grace=0.0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "sleepy" not in stopping.still_running(grace=0.0)
 
 
 def test_a_tool_past_its_deadline_on_an_event_loop_leaves_its_thread_unharmed(monkeypatch):

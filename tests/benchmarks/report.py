@@ -295,6 +295,10 @@ def agent_figures(measured: dict) -> dict:
                 "extra_by_round": extra,
                 "target_extra_s": value["calls_per_rollout"] * value["tool_s"] * 1.2,
             }
+    if "given_up_tools" in measured:
+        seconds = measured["given_up_tools"]["seconds"]
+        ratios = [a / b for a, b in zip(seconds["after"], seconds["before"], strict=True)]
+        found["given_up_tools"] = {"tools": measured["given_up_tools"]["tools"], "ratio_by_round": ratios}
     if "agent_turns" in measured:
         found["agent_turns"] = {
             side: {
@@ -571,6 +575,13 @@ def agent_table(f: dict) -> list[str]:
             f"| {a['extra_s']:.3f} s (rounds: {', '.join(f'{x:.3f}' for x in a['extra_by_round'])}) "
             f"| ≤ {a['target_extra_s']:.2f} s: {verdict(a['extra_s'] <= a['target_extra_s'])} |"
         )
+    if "given_up_tools" in f:
+        g = f["given_up_tools"]
+        lines += [
+            "",
+            f"Python work after {g['tools']} CPU-bound tools were given up at their deadline, ÷ the same work before, "
+            f"by round: {', '.join(f'{r:.2f}' for r in g['ratio_by_round'])} (4.1 when their threads ran on).",
+        ]
     if "agent_turns" in f:
         t = f["agent_turns"]
         lines += [

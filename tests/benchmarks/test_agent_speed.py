@@ -11,6 +11,9 @@ random-init model of the demo's shape (4 layers of 160), each first taught the c
 Two kinds of tool: a plain function (its calls in threads, ``helpers.agents.pause``) and the same as
 ``async def`` (its calls on one event loop, ``helpers.async_agents.pause``).
 
+Given-up tools: Python work in the process after four CPU-bound tools were given up at their deadline,
+against the same work before (issue 45 measured 4.1x when their threads went on running).
+
 Per-turn cost: the loop's own work for each turn of a 128-turn conversation (reading the model's
 turn, rendering and tokenizing the tool's result) against a loop that renders and tokenizes the whole
 conversation again each turn (TRL PR #6250 measured ~56 % of generation at 128 turns that way).
@@ -18,13 +21,15 @@ conversation again each turn (TRL PR #6250 measured ~56 % of generation at 128 t
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
+from functools import partial
 
 import pytest
 from harness import DEMO, FLOW, alternate, demo_tokenizer, record
 
-from rlx.agents.calls import Outcome
+from rlx.agents.calls import Outcome, run_chains
 from rlx.agents.format import tool_turn_ids
 from rlx.agents.loop import AgentLoop, Trajectory, reset_row
 from rlx.config import AgentLoopConfig, SampleParams
@@ -152,3 +157,32 @@ def test_agent_turn_cost_by_turn(benchmark, untrained_model):
     rounds = alternate(benchmark, {"rlx": token_in_token_out, "re-tokenized": re_tokenized}, ROUNDS)
     record("agent_turns", {"turns": TURNS, "seconds": {side: rounds.last[side] for side in rounds.last}})
     assert statistics.median(rounds.last["rlx"][-16:]) < 3 * statistics.median(rounds.last["rlx"][:16])
+
+
+GIVEN_UP = 4  # CPU-bound tools given up at their deadline each round (issue 45 measured 4.1x after four)
+
+
+def python_work() -> float:
+    """Seconds of some pure-Python work: what a spinning tool's thread competes with for the GIL."""
+    started, total = time.perf_counter(), 0
+    for number in range(1_000_000):
+        total += number
+    return time.perf_counter() - started
+
+
+def test_python_work_after_cpu_bound_tools_are_given_up(benchmark):
+    """Each round: the work alone, then four spinning tools given up at a 50 ms deadline and the same work."""
+    from helpers import agents
+
+    labels, seconds = (f"bench-spin-{n}" for n in itertools.count()), {"before": [], "after": []}
+
+    def before():
+        seconds["before"].append(python_work())
+
+    def after():
+        chains = [[partial(agents.spin, next(labels))] for _ in range(GIVEN_UP)]
+        assert all(outcome.timed_out for (outcome,) in run_chains(chains, timeout=0.05))
+        seconds["after"].append(python_work())
+
+    alternate(benchmark, {"before": before, "after": after}, ROUNDS)
+    record("given_up_tools", {"tools": GIVEN_UP, "seconds": {side: s[1:] for side, s in seconds.items()}})

@@ -125,3 +125,24 @@ class Stuck(Counter):
         if row["ground_truth"] == "exit":
             raise SystemExit(1)
         return super().reset(row)
+
+
+SPINS: dict[str, int] = {}  # label -> loops done by spin(label) so far
+CLEANED: list[str] = []  # labels whose spin ran its cleanup
+
+
+def spin(label: str) -> str:
+    """A CPU-bound tool that never returns: Python code looping, its count in SPINS.
+
+    Args:
+        label: The key of its count.
+    """
+    SPINS[label] = 0
+    try:
+        while True:
+            try:
+                SPINS[label] += 1
+            except Exception:  # noqa: BLE001 - as a tool's own error handling would: a stop is not an Exception
+                pass
+    finally:
+        CLEANED.append(label)

@@ -1,6 +1,7 @@
 """Running tool calls under ``agent_loop_config.tool_timeout`` (judgers run under theirs in the same
-threads, rlx.judgers.deadline): a thread cannot be stopped, so calls run in daemon threads that the caller
-waits on until the deadline and then abandons (they never hold up the process's exit).
+threads, rlx.judgers.deadline): calls run in daemon threads that the caller waits on until the deadline;
+a call past it is given up and its thread asked to stop (rlx.agents.stopping: Python code ends at once,
+a call blocked in C when it returns), and never holds up the process's exit.
 
 One rollout's calls of a turn form a :class:`Chain`, run one after another in one thread (they may
 act on the same environment's state); the chains of different rollouts run at the same time, so a
@@ -30,6 +31,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
+from rlx.agents.stopping import StoppableThread, Stopped
 from rlx.errors import described
 
 
@@ -81,7 +83,10 @@ class DaemonThreads:
                         self._idle -= 1
                         return
                 continue
-            job()
+            try:
+                job()
+            except Stopped:  # a stop that arrived as its chain ended (rlx.agents.stopping): the thread goes on
+                pass
             with self._lock:
                 self._idle += 1
 
@@ -134,23 +139,36 @@ class Chain:
         self.ended: list[float | None] = [None] * len(calls)  # monotonic time each call ended
         self.started = time.monotonic()
         self.task: Future | None = None  # the chain's coroutine on the event loop, if it runs there
+        self.thread: StoppableThread | None = None  # the thread it runs in, if it runs in one
         if calls and all(inspect.iscoroutinefunction(call) for call in calls):
             self.task = LOOP.submit(self._run_async(calls))
         elif calls:
+            self.thread = StoppableThread(call_name(calls[0]))
             THREADS.submit(lambda: self._run(calls))
 
     def _run(self, calls: list[Callable[[], object]]) -> None:
-        for index, call in enumerate(calls):
-            if not self._begin(index):
-                return
-            begun = time.perf_counter()
-            try:
-                value, error = call(), None
-                if inspect.isawaitable(value):
-                    value, error = LOOP.submit(settled(value)).result()
-            except BaseException as exc:  # noqa: BLE001 - a tool's bug (SystemExit too) is the model's to see
-                value, error = None, described(exc)
-            self._end(index, Outcome(value, error, time.perf_counter() - begun))
+        try:
+            for index, call in enumerate(calls):
+                if not self._begin(index):
+                    return
+                self._end(index, self._called(call))
+        except Stopped:  # it arrived between two calls: the chain was given up, its waiter has its outcomes
+            pass
+        finally:
+            self.thread.leave()
+
+    def _called(self, call: Callable[[], object]) -> Outcome:
+        begun = time.perf_counter()
+        try:
+            self.thread.enter(call_name(call))
+            value, error = call(), None
+            if inspect.isawaitable(value):
+                value, error = LOOP.submit(settled(value)).result()
+        except BaseException as exc:  # noqa: BLE001 - a tool's bug (SystemExit too) is the model's to see
+            value, error = None, described(exc)
+        finally:
+            self.thread.leave()
+        return Outcome(value, error, time.perf_counter() - begun)
 
     async def _run_async(self, calls: list[Callable[[], object]]) -> None:
         for index, call in enumerate(calls):
@@ -171,9 +189,13 @@ class Chain:
 
     def given_up(self, index: int, timeout: float) -> list[Outcome]:
         """The outcomes from call ``index``, which ran past its deadline, on: a timeout, then the skipped
-        calls. An async chain is cancelled; a thread cannot be, so it is left to end by itself."""
+        calls, which will not start. An async chain is cancelled, a thread asked to stop."""
+        for future in self.futures[index:]:
+            future.cancel()  # (the running call's cannot be: it is stopped below)
         if self.task is not None:
             self.task.cancel()
+        if self.thread is not None:
+            self.thread.stop()
         return [timed_out(timeout)] + [SKIPPED] * (len(self.futures) - index - 1)
 
     def left(self, index: int, timeout: float) -> float:
@@ -202,6 +224,12 @@ class Chain:
                 return results + self.given_up(index, timeout)
             results.append(future.result())
         return results
+
+
+def call_name(call: Callable) -> str:
+    """A call's name for messages: its function's, through a partial."""
+    function = getattr(call, "func", call)
+    return getattr(function, "__qualname__", repr(function))
 
 
 def run_chains(chains: list[list[Callable[[], object]]], timeout: float) -> list[list[Outcome]]:

@@ -23,6 +23,7 @@ from numbers import Real
 from rlx import seeds
 from rlx.agents.calls import Chain, Outcome, run_chains
 from rlx.agents.format import ToolCall, parse_calls, shown_results, tool_turns_ids
+from rlx.agents.stopping import warn_still_running
 from rlx.agents.tools import Session
 from rlx.config import AgentLoopConfig, SampleParams
 from rlx.errors import UserError
@@ -200,7 +201,9 @@ class AgentLoop:
             sampler.converse(self, trajectories, seed)
         else:
             self.run_batched(sampler, trajectories, seed)
-        return self.finish(trajectories)
+        finished = self.finish(trajectories)
+        warn_still_running()
+        return finished
 
     def run_batched(self, sampler, trajectories: list[Trajectory], seed: int) -> None:
         """Turn by turn: the rollouts still going generate together, then their calls run together."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from math import isfinite
 from numbers import Real
 
+from rlx.agents.stopping import warn_still_running
 from rlx.config import JudgerConfig
 from rlx.errors import UserError, described
 from rlx.helper_processes import helper_context
@@ -210,6 +211,7 @@ class Panel:
                 timed_out = True
         if timed_out:
             discard_pool()
+        warn_still_running()
         return [self.verdict(items[i][1], results[i]) for i in range(len(items))]
 
     def verdict(self, data_source: str, results: dict[str, tuple]) -> Verdict:

@@ -1,25 +1,22 @@
 """``judger_config.timeout`` for judgers that run in this process.
 
-A thread cannot be stopped, so each call runs in a daemon thread of the pool the agents' tool calls run
-in (:class:`rlx.agents.calls.DaemonThreads`), which the caller waits on for at most the timeout; a call
-past it scores 0 with a timeout error (as in a worker process), and its thread is left to it (a daemon,
-it never holds up the process's exit) while the next call goes to another.
+Each call runs as a chain of one call in the pool the agents' tool calls run in
+(:class:`rlx.agents.calls.Chain`), which the caller waits on for at most the timeout: a call past it
+scores 0 with a timeout error (as in a worker process), and its thread is asked to stop
+(rlx.agents.stopping) while the next call goes to another.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 
-from rlx.agents import calls
+from rlx.agents.calls import Chain
 
 
 def call_within(timeout: float, function: Callable[..., tuple], *args) -> tuple:
     """``function(*args)`` (which must not raise), or ``(0.0, None, 'timeout: ...')`` after ``timeout`` s."""
-    future: Future = Future()
-    calls.THREADS.submit(lambda: future.set_result(function(*args)))  # (the pool as it is now: a fork renews it)
-    try:
-        return future.result(timeout=timeout)
-    except FutureTimeout:
+    (outcome,) = Chain([partial(function, *args)]).outcomes(timeout)
+    if outcome.timed_out:
         return 0.0, None, f"timeout: no score within {timeout} s"
+    return outcome.value if outcome.error is None else (0.0, None, outcome.error)
