@@ -271,6 +271,12 @@ ROWS = [
     Row("a count with a point", ["config", "show", "{params}", "-S", "rollout_steps=2.0"],
         "{params}: invalid configuration: rollout_steps: Input should be a whole number, written without a point "
         "and not as true or false; got 2.0"),
+    Row("more mini-batches than responses", ["config", "show", "{params}", "-S", "train_worker_cfg.optimizer_steps=129"],
+        "{params}: invalid configuration: train_worker_cfg.optimizer_steps 129: a step holds 128 responses "
+        "(dataflow_config.global_batch_size x prompt_repeat_k), fewer than one per mini-batch"),
+    Row("a minimum past the budget", ["config", "show", "{params}", "-S", "evaluator_config.sample_params.min_tokens=33"],
+        "{params}: invalid configuration: evaluator_config.sample_params: min_tokens 33 is more than max_tokens 32: "
+        "no response could end before its budget"),
     Row("a count as a flag", ["config", "show", "{params}", "-S", "auto_resume=1"],
         "{params}: invalid configuration: auto_resume: Input should be true or false; got 1"),
     Row("infinite float", ["config", "show", "{params}", "-S", "train_worker_cfg.optim_cfg.lr=.inf"],

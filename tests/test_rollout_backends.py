@@ -210,6 +210,19 @@ def test_lmdeploy_settings_it_cannot_run_are_refused(stand_in, fields, message):
         engine_config(RolloutConfig(backend="lmdeploy", **fields))
 
 
+def test_an_lmdeploy_session_shorter_than_a_prompt_and_its_response_is_refused(stand_in):
+    from conftest import PARAMS
+    from rlx.config import ConfigError, load
+
+    lmdeploy = ["rollout_config.backend=lmdeploy", "replay_buffer_config.max_prompt_length=100"]
+    load(PARAMS, [*lmdeploy, "rollout_config.context_length=132"])  # the demo's 32 new tokens fit
+    with pytest.raises(ConfigError, match=re.escape(
+        "rollout_config.context_length 131: LMDeploy's sessions must hold replay_buffer_config.max_prompt_length "
+        "plus dataflow_config.sample_params.max_tokens (132)"
+    )):  # fmt: skip
+        load(PARAMS, [*lmdeploy, "rollout_config.context_length=131"])
+
+
 def test_lmdeploy_agent_rollouts_go_on_each_by_itself_from_the_ids_so_far(stand_in, small):
     """Each rollout is its own chain of requests: the second turn's input is the first's ids, the model's
     reply and the tool's tokens, and a rollout waiting for a slow tool holds up no other's next turn. The

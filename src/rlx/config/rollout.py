@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlx.config.agent import AgentLoopConfig
 from rlx.config.fields import Section
@@ -116,6 +116,15 @@ class SampleParams(Section):
         None,
         description="rlx addition: sampling seed; None derives it from the run seed (and, in rollouts, the step).",
     )
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> SampleParams:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens {self.min_tokens} is more than max_tokens {self.max_tokens}: no response could end "
+                "before its budget"
+            )
+        return self
 
 
 class RolloutConfig(Section):

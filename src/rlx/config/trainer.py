@@ -192,6 +192,26 @@ class RLTrainerConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _fits_a_step(self) -> RLTrainerConfig:
+        """Settings that ask for more than a step holds: a response per mini-batch at least (fewer rows
+        would give fewer optimizer steps than the schedule counts), and with LMDeploy a session long
+        enough for the longest prompt and its response."""
+        flow, steps = self.dataflow_config, self.train_worker_cfg.optimizer_steps
+        responses = flow.global_batch_size * flow.prompt_repeat_k
+        if steps > responses:
+            raise ValueError(
+                f"train_worker_cfg.optimizer_steps {steps}: a step holds {responses} responses "
+                "(dataflow_config.global_batch_size x prompt_repeat_k), fewer than one per mini-batch"
+            )
+        needed = self.replay_buffer_config.max_prompt_length + flow.sample_params.max_tokens
+        if self.rollout_config.backend == "lmdeploy" and self.rollout_config.context_length < needed:
+            raise ValueError(
+                f"rollout_config.context_length {self.rollout_config.context_length}: LMDeploy's sessions must hold "
+                f"replay_buffer_config.max_prompt_length plus dataflow_config.sample_params.max_tokens ({needed})"
+            )
+        return self
+
     @property
     def log_folder(self) -> Path:
         """Where the run's logs go: ``log_dir``, or the work_dir."""
