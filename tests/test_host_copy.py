@@ -27,3 +27,27 @@ def test_the_page_locked_copy_is_a_call_torch_accepts():
     dropped one would be a TypeError on the GPU machine only)."""
     with pytest.raises(RuntimeError, match="pin_memory"):
         torch.empty_like(torch.ones(2), device="cpu", pin_memory=True)
+
+
+def test_background_writes_run_one_at_a_time_in_order_and_an_error_surfaces_at_the_next_wait():
+    """rlx.store.background: the checkpoint writer of the run's process and of every worker rank."""
+    import threading
+    import time
+
+    from rlx.store.background import BackgroundWriter
+
+    writer, log, running = BackgroundWriter("rlx-test-write"), [], threading.Lock()
+
+    def write(name: str, seconds: float) -> None:
+        assert running.acquire(blocking=False), "two writes at once"
+        time.sleep(seconds)
+        log.append(name)
+        running.release()
+
+    writer.start(write, "first", 0.2)
+    writer.start(write, "second", 0.0)  # waits for the first to end
+    assert log == ["first"] and writer.wait() >= 0.0 and log == ["first", "second"]
+    writer.start(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        writer.wait()
+    writer.close()

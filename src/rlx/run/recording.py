@@ -29,6 +29,7 @@ from rlx.stages import run_stage
 from rlx.stages.checkpoint import is_due
 from rlx.store import faults
 from rlx.store.artifacts import read_json, write_json
+from rlx.store.background import BackgroundWriter
 from rlx.store.layout import RunLayout
 from rlx.training.trainer import DEEPSPEED_TAG
 
@@ -92,9 +93,8 @@ class BackgroundCheckpoints:
 
     def __init__(self, config: RLTrainerConfig, engines: Engines):
         self.config, self.engines = config, engines
-        self.saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-checkpoint")
+        self.writer = BackgroundWriter("rlx-checkpoint")
         self.records = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-record")
-        self.pending: Future | None = None
 
     def start(self, step: int) -> dict[str, float]:
         """Copy step ``step``'s trainer state and start writing it; the seconds waited for the previous
@@ -103,19 +103,16 @@ class BackgroundCheckpoints:
         started = time.perf_counter()
         snapshot = self.engines.snapshot(step)
         copied = time.perf_counter() - started
-        self.pending = self.saver.submit(run_stage, "checkpoint", self.config, step, self.engines, snapshot=snapshot)
+        self.writer.start(run_stage, "checkpoint", self.config, step, self.engines, snapshot=snapshot)
         return {"time/checkpoint_wait": waited, "time/checkpoint_snapshot": copied}
 
     def wait(self) -> float:
         """Block until the pending checkpoint is on disk (its error, if any, raised here); the seconds waited."""
-        started = time.perf_counter()
-        if self.pending is not None:
-            self.pending.result()
-        return time.perf_counter() - started
+        return self.writer.wait()
 
     def record_after(self, record) -> Future:
         """Run ``record`` (a callable returning the record's Future) once the pending checkpoint is written."""
-        written = self.pending
+        written = self.writer.pending
 
         def when_written():
             if written is not None:
@@ -125,7 +122,7 @@ class BackgroundCheckpoints:
         return self.records.submit(when_written)
 
     def close(self) -> None:
-        self.saver.shutdown(wait=True)
+        self.writer.close()
         self.records.shutdown(wait=True)
 
 

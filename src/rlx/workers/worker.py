@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
 from rlx.samplers.types import Generation
 from rlx.stages import module, reseed
+from rlx.store.background import BackgroundWriter
 from rlx.store.layout import RunLayout
 from rlx.training.distributed import free_port
 from rlx.workers.actors import Actor, as_arrays, as_tensors
@@ -53,8 +53,7 @@ class Worker(RolloutWorker):
         # replay: the train stage's, handed in as the driver's Engines gets it
         super().__init__(label, shown, config, project, replay)
         self.rank, self.world_size = rank, world_size
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-checkpoint")
-        self.writing: Future | None = None
+        self.writer = BackgroundWriter("rlx-checkpoint")
 
     def rendezvous_port(self) -> int:
         return free_port()
@@ -81,14 +80,15 @@ class Worker(RolloutWorker):
     def start_checkpoint(self, step: int) -> None:
         """Copy this rank's trainer state after ``step`` steps to host memory, together with the other ranks,
         and write it in a thread of this actor's own while the driver goes on with the next steps."""
+        self.writer.wait()
         snapshot = self.engines.snapshot(step)
         paths = RunLayout(self.config.work_dir).step(step)
-        self.writing = self.writer.submit(module("checkpoint").save_trainer, step, paths, self.engines, snapshot)
+        self.writer.start(module("checkpoint").save_trainer, step, paths, self.engines, snapshot)
 
     def checkpoint_written(self) -> None:
         """Wait for the write :meth:`start_checkpoint` began (its error, if any, raised here); the driver
         calls it in the actors' background concurrency group, which the other calls do not wait behind."""
-        self.writing.result()
+        self.writer.wait()
 
     def write_policy(self, step: int, folder, mark: dict | None):
         """Rank 0 writes step ``step``'s policy; every rank first makes sure it holds it (a replay is collective)."""
