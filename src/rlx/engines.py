@@ -63,8 +63,9 @@ class Engines:
     def tokenizer(self):
         return load_tokenizer(self.config.tokenizer_path, self.config.load_from)
 
-    @cached_property
+    @property
     def prompt_pool(self) -> PromptPool:
+        """The run's prompts, tokenized: PromptPool.load keeps them for the process while their files stay."""
         return PromptPool.load(self.config, self.tokenizer)
 
     @cached_property
