@@ -373,7 +373,7 @@ def test_correction_metrics_count_the_weights_applied_to_response_tokens():
     from types import SimpleNamespace
 
     from rlx.config import load
-    from rlx.stages.train import attach_weights, correction_metrics
+    from rlx.training.update import attach_weights, correction_metrics
 
     def metrics(*overrides):
         config = load(None, [f"train_worker_cfg.loss_cfg.rollout_correction.{o}" for o in overrides])
