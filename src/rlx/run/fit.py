@@ -23,16 +23,15 @@ from rlx import clock
 from rlx.config import RLTrainerConfig, load
 from rlx.engines import Engines
 from rlx.errors import UserError
-from rlx.lineage import dvcdeps, experiment, workspace
-from rlx.lineage.record import edit_params, point_at_step, repair_dvc_files
+from rlx.lineage import experiment, workspace
+from rlx.lineage.record import point_at_step
 from rlx.run import preflight
-from rlx.run.ahead import RolloutsAhead, staleness_advice
+from rlx.run.ahead import RolloutsAhead
 from rlx.run.recording import BackgroundCheckpoints, Finisher, newest_checkpoint, recording
-from rlx.run.resume import ensure_inputs, first_step_to_run, steps_to_run
+from rlx.run.resume import set_up, steps_to_run
 from rlx.run.tracking import Tracker
 from rlx.stages import is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
-from rlx.stages.train import clip_cannot_act
 from rlx.store.artifacts import read_json, write_text
 from rlx.store.layout import ITERATION, RunLayout
 from rlx.tasks.data import run_length
@@ -156,22 +155,6 @@ def debug_rollout(config: RLTrainerConfig, params: Path, step: int, engines: Eng
     }
     console.print_json(data=metrics)
     return metrics
-
-
-def set_up(params: Path, overrides: list[str], overridden: RLTrainerConfig) -> tuple[RLTrainerConfig, int]:
-    """params.yaml edited (to ``overridden``, the config the overrides make), DVC's files repaired, the
-    pipeline's inputs brought up to date, the step to start from found."""
-    if overrides:  # with the run pointer they move (rlx.config.loading.follow_the_run_pointer)
-        edit_params(params, [*overrides, f"run.rollout_policy={overridden.run.rollout_policy}"])
-    config = load(params)
-    if (params.parent / "dvc.yaml").is_file():
-        dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
-    repair_dvc_files(params.parent, RunLayout(config.work_dir))
-    ensure_inputs(config)
-    for advice in (clip_cannot_act(config), staleness_advice(config)):
-        if advice:
-            log.warning(advice)
-    return config, first_step_to_run(config, RunLayout(config.work_dir))
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
-"""Where a run picks up: the pipeline's inputs brought up to date through DVC, the first step to run
-(after the last finished one, or that one again if an output of it was damaged since), and the steps
-made again, which must come back as they were.
+"""Where a run picks up: params.yaml and DVC's files set for it, the pipeline's inputs brought up to
+date through DVC, the first step to run (after the last finished one, or that one again if an output of
+it was damaged since), and the steps made again, which must come back as they were.
 
 A step is finished when ``step-N/done.json`` exists, a stage when its metrics file does and its
 outputs are intact; a rerun skips both and redoes only what was interrupted (or found damaged, and
@@ -16,10 +16,13 @@ import os
 import sys
 from pathlib import Path
 
-from rlx.config import RLTrainerConfig
+from rlx.config import RLTrainerConfig, load
 from rlx.errors import UserError
-from rlx.lineage.record import fault_point_inside_dvc_writes
+from rlx.lineage import dvcdeps
+from rlx.lineage.record import edit_params, fault_point_inside_dvc_writes, repair_dvc_files
+from rlx.run.ahead import staleness_advice
 from rlx.stages import damaged_output
+from rlx.stages.train import clip_cannot_act
 from rlx.store.layout import ITERATION, RunLayout
 
 log = logging.getLogger(__name__)
@@ -98,3 +101,19 @@ def check_made_again(layout: RunLayout, step: int) -> None:
             f"step {step} was made again but differs from the step {step + 1} was made from (its {fingerprint.name}); "
             "the run is not deterministic here (see README: Lineage); start it again in a new work_dir"
         )
+
+
+def set_up(params: Path, overrides: list[str], overridden: RLTrainerConfig) -> tuple[RLTrainerConfig, int]:
+    """params.yaml edited (to ``overridden``, the config the overrides make), DVC's files repaired, the
+    pipeline's inputs brought up to date, the step to start from found."""
+    if overrides:  # with the run pointer they move (rlx.config.loading.follow_the_run_pointer)
+        edit_params(params, [*overrides, f"run.rollout_policy={overridden.run.rollout_policy}"])
+    config = load(params)
+    if (params.parent / "dvc.yaml").is_file():
+        dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
+    repair_dvc_files(params.parent, RunLayout(config.work_dir))
+    ensure_inputs(config)
+    for advice in (clip_cannot_act(config), staleness_advice(config)):
+        if advice:
+            log.warning(advice)
+    return config, first_step_to_run(config, RunLayout(config.work_dir))
