@@ -30,7 +30,8 @@ def runs(tmp_path_factory, tiny_model):
 
 
 def execute(name: str, parameters: str, folder: Path) -> None:
-    """Run notebook ``name`` top to bottom with its parameters cell replaced; it must draw and not fail."""
+    """Run notebook ``name`` top to bottom with its parameters cell replaced; it must draw, not fail, and
+    print plain lines (no terminal codes, no libraries' warnings, no bar redrawn hundreds of times)."""
     book = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), "stored with outputs"
     next(cell for cell in book.cells if "parameters" in cell.metadata.get("tags", [])).source = parameters
@@ -40,6 +41,9 @@ def execute(name: str, parameters: str, folder: Path) -> None:
     outputs = [output for cell in book.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
+    printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    noise = [mark for mark in ("\x1b[", "cannot find -l", "collect2", "TqdmWarning", "IProgress") if mark in printed]
+    assert not noise and len(outputs) < 60, f"{len(outputs)} outputs, with {noise}: {printed[-1500:]!r}"
 
 
 @pytest.mark.parametrize("name", ["explore_rollouts", "rewards", "training_curves"])

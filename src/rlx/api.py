@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,16 @@ def train(params="params.yaml", overrides=(), work_dir=None):
 
     params = Path(params).resolve()
     overrides = [*overrides, *([f"work_dir={work_dir}"] if work_dir is not None else [])]
-    fit(params, overrides, Console(force_jupyter=False))  # rich's Jupyter display recurses from the progress thread
+    fit(params, overrides, notebook_console() if "ipykernel" in sys.modules else Console())
     return Run(params.parent / load(params).work_dir)  # an absolute work_dir stays as it is
+
+
+def notebook_console():
+    """A console for a notebook's output: plain lines, one a step (rich's Jupyter display recurses from the
+    progress thread, and a bar redrawn as a terminal's left hundreds of fragments in the cell's output)."""
+    from rich.console import Console
+
+    return Console(force_jupyter=False, force_terminal=False)
 
 
 class RLTrainer:

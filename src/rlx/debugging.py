@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 
 HANDLER = "rlx-debug"  # the name of the handler this module adds, so it is added once and removed again
@@ -21,6 +22,7 @@ def quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     logging.getLogger("dvc").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto's, on import in a kernel
 
 
 def configure_logging(debug: bool) -> None:
