@@ -138,12 +138,12 @@ def test_an_inference_engine_gets_the_merged_weights_by_the_base_models_names(tr
 
 
 def test_the_updates_mfu_counts_real_tokens_and_no_gradient_for_the_frozen_base(trained):
-    """``perf/mfu/*`` (rlx.stages.train.utilisation) of a LoRA update: the rows of the micro-batches that
+    """``perf/mfu/*`` (rlx.training.update.utilisation) of a LoRA update: the rows of the micro-batches that
     count (not a repeat that only keeps the ranks in step), at their real lengths, without the base's
     weight gradients; a no-grad pass of the reference before it under a KL loss, none otherwise."""
-    from rlx.stages.train import Scored, utilisation
     from rlx.training.flops import ModelShape, forward_flops, training_flops
     from rlx.training.microbatch import Micro
+    from rlx.training.update import Scored, utilisation
 
     trainer, *_ = trained
     batch = a_batch()

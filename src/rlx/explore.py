@@ -25,6 +25,7 @@ import pandas as pd
 import yaml
 
 from rlx.config import staleness
+from rlx.debugging import quiet_libraries
 from rlx.errors import UserError, first_line
 from rlx.judgers.rows import VERDICT
 from rlx.store.artifacts import read_json
@@ -152,6 +153,7 @@ class Run:
 
     def tokenizer(self):
         """The run's tokenizer (``tokenizer_path``, checked against ``load_from``'s model), from wherever this runs."""
+        quiet_libraries()  # a notebook's cell shows the tokens, not the libraries' warnings as they load
         from rlx.training.loading import load_tokenizer
 
         params = self.config()
