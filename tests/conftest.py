@@ -16,9 +16,6 @@ import pytest
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-# The suite runs two workers at normal priority: a run's recorder at the lowest one would wait for the other
-# worker's processes whenever its run waits for it (a one-step fit beside two busy cores: 95-160 s, not 20 s).
-os.environ.setdefault("RLX_RECORDER_NICE", "0")
 
 from rlx import config  # noqa: E402
 from rlx.tasks import gsm8k, math500  # noqa: E402

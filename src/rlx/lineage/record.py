@@ -287,15 +287,10 @@ def recorder() -> ProcessPoolExecutor:
     )
 
 
-RECORDER_NICE = "RLX_RECORDER_NICE"  # the recorder's niceness, 19 (the lowest priority) unless set
-
-
 def _serve_the_run(run: int) -> None:
     """Set up the recorder process: lowest priority, killed with the run (SIGKILL included, so it never
-    writes dvc.lock behind a rerun's back), and its fault points kill the run too. The priority fills the
-    gaps the run's own work leaves; where other work at normal priority shares the cores (the test suite's
-    parallel workers), a run waiting for its record waits for them too, and ``RLX_RECORDER_NICE=0`` avoids it."""
-    os.nice(int(os.environ.get(RECORDER_NICE, "19")))
+    writes dvc.lock behind a rerun's back), and its fault points kill the run too."""
+    os.nice(19)
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != run:  # the run died before the line above took effect
