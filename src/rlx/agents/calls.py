@@ -143,7 +143,7 @@ class Chain:
         if calls and all(inspect.iscoroutinefunction(call) for call in calls):
             self.task = LOOP.submit(self._run_async(calls))
         elif calls:
-            self.thread = StoppableThread(call_name(calls[0]))
+            self.thread = StoppableThread()
             THREADS.submit(lambda: self._run(calls))
 
     def _run(self, calls: list[Callable[[], object]]) -> None:

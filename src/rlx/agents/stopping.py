@@ -40,8 +40,8 @@ class StoppableThread:
     :meth:`enter` and :meth:`leave`), :meth:`stop` raises :class:`Stopped` in it; a stop not yet raised
     when the call ends is withdrawn, so it can never land in the code that runs the next job."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
+        self.name = ""  # the running call's, set by enter
         self._lock = threading.Lock()
         self._thread: int | None = None  # the thread's id while a call runs
         self.asked: float | None = None  # monotonic time the stop was asked
