@@ -446,6 +446,7 @@ def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_toke
     from rlx.judgers.rows import judge_rollouts
     from rlx.stages.rollout import sample_groups
     from rlx.training.trainer import token_logprobs
+    from rlx.workers.home import place_policy
 
     folder, prompt, (call, tool, answer) = taught
     config = demo_config(
@@ -458,7 +459,7 @@ def test_a_multi_turn_rollout_keeps_the_sampled_ids_and_trains_on_the_model_toke
         "dataflow_config.sample_params.max_tokens=120",
         "dataflow_config.agent_loop_config.tools=[helpers.agents:add]",
     )
-    engines = Engines(config)
+    engines = place_policy(Engines(config))
     group = {"group": 0, "data_source": "rlx/arith", "ground_truth": "9", "prompt_ids": prompt,
              "prompt": json.dumps([{"role": "user", "content": "4 + 5?"}])}  # fmt: skip
     rows = sample_groups(config, 1, engines, [group], seed=3)

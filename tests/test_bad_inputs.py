@@ -32,6 +32,7 @@ from rlx.stages import record_outputs, run_stage
 from rlx.stages.train import replay
 from rlx.store.artifacts import DiskFullError, read_json, read_rows, write_rows
 from rlx.store.layout import StepPaths
+from rlx.workers.home import place_policy
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +420,7 @@ def judged_step(inputs, untrained_model, tmp_path_factory) -> Path:
     """A work_dir whose step 1 is prepared, rolled out and judged (train not yet run), on the real stages."""
     work_dir = tmp_path_factory.mktemp("judged") / "run"
     config = step_config(inputs, work_dir)
-    engines = Engines(config, replay)
+    engines = place_policy(Engines(config, replay))
     for name in ("base", "prepare", "rollout", "judge"):
         run_stage(name, config, 1, engines)
     return work_dir
@@ -476,7 +477,7 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
         f"train_worker_cfg.deepspeed.zero_stage={zero_stage}",
     )
     norm = "inf" if zero_stage else "nan"  # ZeRO reports the norm it refused; without ZeRO none is computed
-    engines = Engines(config, replay)
+    engines = place_policy(Engines(config, replay))
     trainer = engines.trainer(0)
     weights = {k: v.clone() for k, v in trainer.module.state_dict().items()}
     optimizer = optimizer_state(trainer)
@@ -490,7 +491,7 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
     assert trainer.state["nonfinite_in_a_row"] == 1
 
     # The count survives a restart (a fresh Engines re-creates step 1 by replay): the next skip is the second.
-    engines = Engines(config, replay)
+    engines = place_policy(Engines(config, replay))
     for name in ("prepare", "rollout", "judge"):
         run_stage(name, config, 2, engines)
     with pytest.raises(UserError) as stopped:
@@ -540,7 +541,7 @@ def test_disk_full_while_saving_a_checkpoint_keeps_the_previous_one(inputs, judg
         target = (SnapshotCheckpointEngine, "write", lambda self, states, folder: disk_full(folder))
     work_dir = copy_run(judged_step, tmp_path)
     config = step_config(inputs, work_dir, "checkpoint_interval=1")
-    engines = Engines(config, replay)
+    engines = place_policy(Engines(config, replay))
     for name, step in (("checkpoint", 0), ("train", 1)):
         run_stage(name, config, step, engines)
     monkeypatch.setattr(*target, disk_full)

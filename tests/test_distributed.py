@@ -32,6 +32,7 @@ from rlx.training.loading import load_policy
 from rlx.training.trainer import PolicyTrainer
 from rlx.workers import cluster, group, reaper
 from rlx.workers.actors import Actor, ActorGroup
+from rlx.workers.home import InProcess, place_policy
 
 ray = pytest.importorskip("ray")
 FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
@@ -99,7 +100,7 @@ def test_one_worker_imports_no_ray():
     """The default (`resources.num_workers: 1`, no `ray_address`, no `cpu_resources`) runs in the driver."""
     script = (
         "import sys; from rlx.config import load; from rlx.workers.group import warm_engines\n"
-        f"with warm_engines(load({str(PARAMS)!r})) as engines: assert engines.workers is None\n"
+        f"with warm_engines(load({str(PARAMS)!r})) as engines: assert type(engines.home).__name__ == 'InProcess'\n"
         "assert 'ray' not in sys.modules, 'ray was imported'"
     )
     done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True)
@@ -159,7 +160,7 @@ def rolled_out_project(base, tiny_model):
     project = make_project(base, tiny_model)
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml")
-        engines = Engines(config, replay)
+        engines = place_policy(Engines(config, replay))
         for name in ("base", "checkpoint", "prepare"):
             run_stage(name, config, 0 if name == "checkpoint" else 1, engines)
     return project
@@ -172,15 +173,17 @@ def roll_out_and_train(project, *overrides):
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml", [*overrides, "checkpoint_interval=1"])
         with group.warm_engines(config) as engines:
-            places = engines.workers.places if engines.workers else []
-            base = engines.base_fingerprint()  # with workers worker 0's: the driver loads no model
+            places = [] if isinstance(engines.home, InProcess) else engines.home.places
+            base = engines.home.base_fingerprint()  # with workers worker 0's: the driver loads no model
             assert base == read_json(project / "runs/demo/step-0/fingerprint.json")
             metrics = {
                 name: run_stage(name, config, 1, engines) for name in ("rollout", "judge", "train", "checkpoint")
             }
             rollouts = read_rows(project / "runs/demo/step-1/rollouts.parquet")
             prompts, params = [r["prompt_ids"] for r in rollouts], config.dataflow_config.sample_params
-            sampled = [[g.response_ids for g in engines.sampler(k).generate(prompts, params, seed=1)] for k in (1, 0)]
+            sampled = [
+                [g.response_ids for g in engines.home.sampler(k).generate(prompts, params, seed=1)] for k in (1, 0)
+            ]
     policy = load_file(project / "runs/demo/step-1/policy/model.safetensors")
     return metrics["train"], policy, [rollouts, sampled], places
 

@@ -147,10 +147,10 @@ def test_strict_load_refuses_weights_that_do_not_match_and_names_them(untrained_
 
 
 def test_skip_checkpoint_validation_checks_sizes_not_hashes_and_says_so(tmp_path, caplog):
-    from rlx.engines import Engines
     from rlx.errors import UserError
     from rlx.store.artifacts import write_json
     from rlx.store.integrity import folder_records
+    from rlx.training.restore import check_files
 
     step = tmp_path / "step-2"
     (step / "trainer_state").mkdir(parents=True)
@@ -159,12 +159,12 @@ def test_skip_checkpoint_validation_checks_sizes_not_hashes_and_says_so(tmp_path
     write_json(folder_records([state], step), step / "checkpoint_outputs.json")
     state.write_bytes(b"\1" * 64)  # corrupted, its size unchanged
     with pytest.raises(UserError, match="checkpoint of step 2 is damaged .*contents differ from what was written"):
-        Engines(config.load(None, [f"work_dir={tmp_path}"])).check_files(2)
-    Engines(config.load(None, [f"work_dir={tmp_path}", "skip_checkpoint_validation=true"])).check_files(2)
+        check_files(config.load(None, [f"work_dir={tmp_path}"]), 2)
+    check_files(config.load(None, [f"work_dir={tmp_path}", "skip_checkpoint_validation=true"]), 2)
     assert "checkpoint of step 2: its files' hashes are not checked (skip_checkpoint_validation)" in caplog.text
     state.write_bytes(b"\1" * 63)  # truncated: the sizes are still checked
     with pytest.raises(UserError, match="63 bytes, 64 when written"):
-        Engines(config.load(None, [f"work_dir={tmp_path}", "skip_checkpoint_validation=true"])).check_files(2)
+        check_files(config.load(None, [f"work_dir={tmp_path}", "skip_checkpoint_validation=true"]), 2)
 
 
 def test_display_all_workers_log_acts_only_where_there_are_ray_actors():

@@ -186,7 +186,7 @@ class Run:
                 engines.policy(step)  # its weights checked against the step's fingerprint
                 return paths.policy  # (a LoRA checkpoint holds an adapter: it is merged into ``folder``)
             mark = {"made_by": MATERIALIZE, "step": step, "fingerprint": file_hash(paths.weights_fingerprint)}
-            return engines.write_policy(step, folder, mark)
+            return engines.home.write_policy(step, folder, mark)
 
     def trainers(self, replaying: bool):
         """The run's trainers, to read or re-create a policy, without its judge actors or rollout workers: in

@@ -218,11 +218,12 @@ def materialize(project: str, work_dir: str, step: int, out: str) -> dict:
     from rlx.config import load
     from rlx.engines import Engines
     from rlx.stages.train import replay
+    from rlx.workers.home import place_policy
 
     os.chdir(project)
     started = time.perf_counter()
-    engines = Engines(load(Path(work_dir) / "config.yaml", [f"work_dir={work_dir}"]), replay)
-    engines.write_policy(step, Path(out))
+    engines = place_policy(Engines(load(Path(work_dir) / "config.yaml", [f"work_dir={work_dir}"]), replay))
+    engines.home.write_policy(step, Path(out))
     return {"seconds": time.perf_counter() - started, "replay_s": engines.replay_seconds}
 
 

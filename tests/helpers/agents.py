@@ -4,6 +4,8 @@ import os
 import threading
 import time
 
+from rlx.samplers import InBatches
+
 
 def add(a: int, b: int) -> str:
     """Add two numbers.
@@ -92,7 +94,7 @@ def pause() -> str:
     return "ok"
 
 
-class Recorded:
+class Recorded(InBatches):
     """A sampler whose ``generate`` calls are kept (contexts, parameters, seeds) and timed: what an agent
     loop asked the model for, turn by turn, to check or to make again without the tools between the turns."""
 

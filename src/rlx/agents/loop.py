@@ -4,10 +4,11 @@ append their results as tokens, and go on until an answer, ``max_turns`` or the 
 
 A rollout is a :class:`Trajectory`: its response ids with a mask (1 for the model's tokens, 0 for
 the tool results' tokens, which the loss, the KL and the importance weights skip), the model tokens'
-log-probs, the turns and every call. :class:`AgentLoop` holds the turn logic; two drivers use it: the
-batched one here (every rollout still going generates its next turn together, then the turn's tools
-run together: the transformers backend and worker groups), and LMDeploy's, where each request goes on
-by itself and one waiting for its tool holds up no other (rlx.samplers.lmdeploy_backend).
+log-probs, the turns and every call. :class:`AgentLoop` holds the turn logic and drives every sampler
+the same way (as verl's agent loop drives its server manager): each rollout is a conversation on one
+event loop, and a rollout waiting for its tools holds up no other. The sampler only generates;
+:class:`TurnRequests` sends it the turns as it serves them best: each at once to LMDeploy, which
+batches continuously, or one batch per turn to the transformers backend and worker groups.
 
 Turn 0 of row ``i`` samples from seed ``seed + i``, as a single-turn rollout does; turn ``t`` from
 ``derive(seed + i, t)``: a rollout depends on its prompt, the policy, its seed and its tools' results.
@@ -15,7 +16,9 @@ Turn 0 of row ``i`` samples from seed ``seed + i``, as a single-turn rollout doe
 
 from __future__ import annotations
 
+import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from numbers import Real
@@ -193,34 +196,85 @@ class AgentLoop:
         return decode(self.tokenizer, ids, self.params.skip_special_tokens)
 
     def run(self, sampler, trajectories: list[Trajectory], seed: int) -> list[Trajectory]:
-        """Every rollout to its end, by the sampler's own agent driver (``converse``) if it has one. A
-        failed ``reset`` costs its rollout a score of 0; one that fails on every row is the run's end."""
+        """Every rollout to its end, each its own conversation with ``sampler``. A failed ``reset`` costs
+        its rollout a score of 0; one that fails on every row is the run's end."""
         if trajectories and all(t.finish_reason == RESET_FAILED for t in trajectories):
             raise UserError(f"agent_loop_config.environment: {trajectories[0].reward_error}, on every prompt row")
-        if hasattr(sampler, "converse"):
-            sampler.converse(self, trajectories, seed)
-        else:
-            self.run_batched(sampler, trajectories, seed)
+        run_to_end(self.converse_all(sampler, trajectories, seed))
         finished = self.finish(trajectories)
         warn_still_running()
         return finished
 
-    def run_batched(self, sampler, trajectories: list[Trajectory], seed: int) -> None:
-        """Turn by turn: the rollouts still going generate together, then their calls run together."""
-        for turn in range(self.config.max_turns):
-            active = [(index, t) for index, t in enumerate(trajectories) if not t.done]
-            if not active:
-                return
-            params = self.params.model_copy(update={"max_tokens": max(self.budget(t) for _, t in active)})
-            row_seeds = [turn_seed(seed + index, turn) for index, _ in active]
-            generations = sampler.generate([t.context() for _, t in active], params, seed=row_seeds)
-            raws = decode_many(self.tokenizer, [g.response_ids for g in generations], skip_special_tokens=False)
-            running = []
-            for (_, trajectory), generation, raw in zip(active, generations, raws, strict=True):
-                calls = self.take_turn(trajectory, generation, raw)
-                if calls:  # its tools start now, while the other rollouts' turns are read
-                    running.append((trajectory, calls, self.chain(trajectory, calls)))
-            self.add_results([(t, calls, chain.outcomes(self.config.tool_timeout)) for t, calls, chain in running])
+    async def converse_all(self, sampler, trajectories: list[Trajectory], seed: int) -> None:
+        live = [(index, t) for index, t in enumerate(trajectories) if not t.done]  # done: its reset failed
+        turns = TurnRequests(sampler, self.tokenizer, len(live))
+        await asyncio.gather(*(self.converse(turns, index, t, seed + index) for index, t in live))
+
+    async def converse(self, turns: TurnRequests, index: int, trajectory: Trajectory, row_seed: int) -> None:
+        """One rollout, turn by turn: its ids go in whole (never re-tokenized), the turn's ids and log-probs
+        come back, its calls run (awaited: other rollouts go on meanwhile), their results go in as ids."""
+        try:
+            while not trajectory.done:  # take_turn ends it at an answer, max_turns or the budget's end
+                params = self.params.model_copy(update={"max_tokens": self.budget(trajectory)})
+                seed = turn_seed(row_seed, trajectory.turns)
+                generation, raw = await turns.generate(index, trajectory.context(), params, seed)
+                if calls := self.take_turn(trajectory, generation, raw):
+                    outcomes = await self.chain(trajectory, calls).outcomes_async(self.config.tool_timeout)
+                    self.add_results([(trajectory, calls, outcomes)])
+        finally:
+            turns.leave()
+
+
+class TurnRequests:
+    """The rollouts' requests for their next turn, sent to the sampler: each at once where it batches
+    continuously (LMDeploy), or else together once every rollout still going waits, one batch per turn,
+    in row order (the transformers backend and worker groups generate best in batches). A batch is sampled
+    with the largest budget among its rows; each row takes only its own (AgentLoop.take_turn)."""
+
+    def __init__(self, sampler, tokenizer, going: int):
+        self.sampler, self.tokenizer, self.going = sampler, tokenizer, going
+        self.waiting: list[tuple[int, list[int], SampleParams, int, asyncio.Future]] = []
+
+    async def generate(self, index: int, ids: list[int], params: SampleParams, seed: int) -> tuple[Generation, str]:
+        """Row ``index``'s turn from ``ids``, with its text decoded with the special tokens (to find calls)."""
+        answer = asyncio.get_running_loop().create_future()
+        self.waiting.append((index, ids, params, seed, answer))
+        self.send_if_due()
+        return await answer
+
+    def leave(self) -> None:
+        """A rollout has ended: the others no longer wait for it."""
+        self.going -= 1
+        self.send_if_due()
+
+    def send_if_due(self) -> None:
+        if self.waiting and (self.sampler.continuous_batching or len(self.waiting) == self.going):
+            batch, self.waiting = sorted(self.waiting, key=lambda request: request[0]), []
+            longest = max(params.max_tokens for _, _, params, _, _ in batch)
+            params = batch[0][2].model_copy(update={"max_tokens": longest})
+            sent = self.sampler.submit([ids for _, ids, *_ in batch], params, seed=[seed for *_, seed, _ in batch])
+            asyncio.wrap_future(sent).add_done_callback(partial(self.answer, [answer for *_, answer in batch]))
+
+    def answer(self, answers: list[asyncio.Future], sent: asyncio.Future) -> None:
+        if sent.exception() is not None:
+            for answer in answers:
+                answer.set_exception(sent.exception())
+            return
+        generations = sent.result()
+        raws = decode_many(self.tokenizer, [g.response_ids for g in generations], skip_special_tokens=False)
+        for answer, generation, raw in zip(answers, generations, raws, strict=True):
+            answer.set_result((generation, raw))
+
+
+def run_to_end(coroutine) -> None:
+    """``coroutine`` run to its end on an event loop of its own: in this thread, or in a thread of its own
+    where this one runs a loop already (a notebook's kernel)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1, thread_name_prefix="rlx-agents") as thread:
+        return thread.submit(asyncio.run, coroutine).result()
 
 
 def every_outcome(calls: list[ToolCall], ran: list[Outcome]) -> list[Outcome]:

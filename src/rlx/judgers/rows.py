@@ -64,3 +64,15 @@ def judge_rollouts(config: RLTrainerConfig, panel: Panel, rollouts: list[dict]) 
             row["reward"] += penalty
             row["overlong_penalty"] = penalty
     return judged
+
+
+class PanelJudging:
+    """Judging in this process: the run's judgers made for each call, as a cold `rlx stage judge` makes them
+    (rlx.workers.judges.JudgePool deals the same work out to CPU actors)."""
+
+    def __init__(self, config: RLTrainerConfig):
+        self.config = config
+
+    def judge(self, rollouts: list[dict]) -> list[dict]:
+        """The judgment columns of ``rollouts``, in order."""
+        return judge_rollouts(self.config, Panel(self.config.judger_config), rollouts)

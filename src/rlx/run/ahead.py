@@ -51,7 +51,7 @@ class RolloutsAhead:
     def __init__(self, config: RLTrainerConfig, engines: Engines, total: int):
         self.config, self.engines, self.total = config, engines, total
         self.staleness = config.dataflow_config.max_staleness
-        overlapped = self.staleness and engines.rollout_workers is not None
+        overlapped = self.staleness and engines.rollouts.runs_apart
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="rlx-rollout") if overlapped else None
         self.pending: Future | None = None
 
@@ -66,7 +66,7 @@ class RolloutsAhead:
         for number in missing:
             run_stage("prepare", self.config, number, self.engines)  # cheap; it reseeds the RNGs: not in a thread
             if self.thread is not None and number == missing[-1]:
-                self.engines.rollout_sampler(rollout_policy_step(number, self.staleness))  # the policy sent now
+                self.engines.rollouts.sampler(rollout_policy_step(number, self.staleness))  # the policy sent now
                 self.pending = self.thread.submit(run_stage, "rollout", self.config, number, self.engines)
             else:
                 run_stage("rollout", self.config, number, self.engines)

@@ -36,6 +36,7 @@ from rlx.store.artifacts import read_json, write_text
 from rlx.store.layout import ITERATION, RunLayout
 from rlx.tasks.data import run_length
 from rlx.workers.group import warm_engines
+from rlx.workers.home import take_counters
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,7 @@ def clocked_step(
         metrics = run_step(config, step, total, engines, checkpoints)
         with clock.part("rollout"):  # rollouts made in the background: what the step waits for them
             metrics.update(ahead.wait())
-        if engines.rollout_workers is not None:
-            metrics.update(engines.rollout_workers.take_counters())
+        metrics.update(take_counters(engines))
         metrics["time/step"] = time.perf_counter() - started
     return metrics | clock.breakdown(metrics["time/step"], parts)
 
@@ -132,8 +132,6 @@ def run_step(config: RLTrainerConfig, step: int, total: int, engines: Engines, c
         else:
             metrics.update(run_stage(name, config, step, engines))
     metrics["time/replay"] = engines.replay_seconds
-    if engines.workers is not None:
-        metrics.update(engines.workers.take_counters())
     return metrics
 
 

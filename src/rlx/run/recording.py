@@ -101,7 +101,7 @@ class BackgroundCheckpoints:
         write and those the copy took."""
         waited = self.wait()
         started = time.perf_counter()
-        snapshot = self.engines.snapshot(step)
+        snapshot = self.engines.home.start_checkpoint(step)
         copied = time.perf_counter() - started
         self.writer.start(run_stage, "checkpoint", self.config, step, self.engines, snapshot=snapshot)
         return {"time/checkpoint_wait": waited, "time/checkpoint_snapshot": copied}

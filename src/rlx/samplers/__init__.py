@@ -1,13 +1,17 @@
 """Rollout engines behind one interface. ``transformers`` runs anywhere; ``lmdeploy`` needs the ``gpu`` extra.
 
 A sampler turns prompt token ids into :class:`rlx.samplers.types.Generation` objects (token ids,
-text, per-token log-probs, finish reason); the rollout and evaluate stages only ever call
-``sampler.generate``. ``rlx.engines.Engines.sampler(step)`` hands out the one for a step's policy.
+text, per-token log-probs, finish reason); the rollout and evaluate stages call ``sampler.generate``,
+the agent loop ``sampler.submit`` (rlx.agents.loop), which returns at once. A sampler that batches
+continuously (LMDeploy) serves each request as it comes; one that generates in batches (transformers,
+a worker group) is best sent many requests together. ``rlx.engines.Engines.sampler(step)`` hands out
+the one for a step's policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 from rlx.config import RolloutConfig, SampleParams
@@ -35,14 +39,37 @@ def ignored_settings(config: RolloutConfig) -> list[str]:
 
 
 class Sampler(Protocol):
+    continuous_batching: bool  # requests sent apart are served together as they come (LMDeploy's engine)
+
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]
     ) -> list[Generation]:
         """One response per prompt (repeat a prompt to sample a group), reproducible from ``seed``: row
         ``i`` samples from ``seed + i``, or from ``seed[i]`` (rlx.samplers.types.row_seeds)."""
 
+    def submit(
+        self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]
+    ) -> Future[list[Generation]]:
+        """:meth:`generate`'s responses, to come: its caller goes on meanwhile where the sampler allows."""
 
-class TransformersSampler:
+
+class InBatches:
+    """A sampler that generates a batch at a time: :meth:`submit` generates before it returns."""
+
+    continuous_batching = False
+
+    def submit(
+        self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]
+    ) -> Future[list[Generation]]:
+        done: Future[list[Generation]] = Future()
+        try:
+            done.set_result(self.generate(prompt_ids, params, seed=seed))
+        except BaseException as error:  # noqa: BLE001  (the caller's await raises it)
+            done.set_exception(error)
+        return done
+
+
+class TransformersSampler(InBatches):
     """Samples with a HF model in this process: the CPU backend, and the warm one (the trainer's
     own module, so a new policy needs no copy)."""
 

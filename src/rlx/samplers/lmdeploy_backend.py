@@ -26,6 +26,7 @@ import base64
 import io
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -158,6 +159,8 @@ def in_process_payload(bucket: Mapping[str, torch.Tensor]) -> str:
 class LMDeploySampler:
     """An LMDeploy pipeline kept for the whole run; :meth:`load_weights` moves it to a new policy."""
 
+    continuous_batching = True
+
     def __init__(self, policy_dir: Path, tokenizer, config: RolloutConfig, agent: bool = False):
         if not torch.cuda.is_available():
             raise UserError(
@@ -207,6 +210,13 @@ class LMDeploySampler:
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]
     ) -> list[Generation]:
+        return self.submit(prompt_ids, params, seed=seed).result()
+
+    def submit(
+        self, prompt_ids: Sequence[Sequence[int]], params: SampleParams, *, seed: int | Sequence[int]
+    ) -> Future[list[Generation]]:
+        """The requests sent to the engine's event loop at once, each with its row's seed; their responses
+        to come, so an agent's rollout waiting for its tools holds up no other's generation."""
         self.awake()
 
         async def every():
@@ -214,40 +224,13 @@ class LMDeploySampler:
                 self._request(ids, generation_options(self.tokenizer, params, row_seed))
                 for ids, row_seed in zip(prompt_ids, row_seeds(seed, len(prompt_ids)), strict=True)
             ]
-            return await asyncio.gather(*requests)
+            outputs = await asyncio.gather(*requests)
+            return [
+                to_generation(ids, tokens, logprobs, finish, self.tokenizer, params)
+                for ids, (tokens, logprobs, finish) in zip(prompt_ids, outputs, strict=True)
+            ]
 
-        outputs = self._run(every())
-        return [
-            to_generation(ids, tokens, logprobs, finish, self.tokenizer, params)
-            for ids, (tokens, logprobs, finish) in zip(prompt_ids, outputs, strict=True)
-        ]
-
-    def converse(self, loop, trajectories: list, seed: int) -> None:
-        """An agent loop's rollouts (rlx.agents.loop), each its own chain of requests on the engine's event
-        loop: one waiting for its tools (awaited without a thread) holds up no other's generation."""
-        self.awake()
-
-        async def every():
-            live = [(index, t) for index, t in enumerate(trajectories) if not t.done]  # done: its reset failed
-            await asyncio.gather(*(self._converse(loop, t, seed + index) for index, t in live))
-
-        self._run(every())
-
-    async def _converse(self, loop, trajectory, row_seed: int) -> None:
-        """One rollout, turn by turn: the conversation's ids go in whole (never re-tokenized), the new
-        turn's ids and log-probs come back, its calls run, their results are appended as ids."""
-        from rlx.agents.loop import turn_seed
-
-        for turn in range(loop.config.max_turns):
-            params = loop.params.model_copy(update={"max_tokens": loop.budget(trajectory)})
-            context = trajectory.context()
-            options = generation_options(self.tokenizer, params, turn_seed(row_seed, turn))
-            tokens, logprobs, finish = await self._request(context, options)
-            calls = loop.take_turn(trajectory, to_generation(context, tokens, logprobs, finish, self.tokenizer, params))
-            if not calls:
-                return
-            outcomes = await loop.chain(trajectory, calls).outcomes_async(loop.config.tool_timeout)
-            loop.add_results([(trajectory, calls, outcomes)])
+        return asyncio.run_coroutine_threadsafe(every(), self.pipe.internal_thread.loop)
 
     def sleep(self) -> None:
         """Free the weights and the KV cache (level 2) while the trainer uses the GPU."""

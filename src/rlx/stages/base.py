@@ -15,7 +15,7 @@ from rlx.store.layout import RunLayout, StepPaths
 
 
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
-    write_json(engines.base_fingerprint(), paths.weights_fingerprint, indent=None)
+    write_json(engines.home.base_fingerprint(), paths.weights_fingerprint, indent=None)
     return evaluate.run(config, 0, paths, engines)
 
 

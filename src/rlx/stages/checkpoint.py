@@ -7,9 +7,10 @@ empty optimizer state, the root every replay can start from), every ``checkpoint
 and at the last step. With several workers the training ranks write it themselves, each its shard
 of the optimizer state, rank 0 the policy.
 
-`rlx fit` first copies the trainer's state to host memory (``Engines.snapshot``), then runs this
-stage in a background thread, which writes the copy while the next steps run; with several workers
-each rank copies its own state and writes it in a thread of its own, and this stage waits for them.
+`rlx fit` first copies the trainer's state to host memory (the ``start_checkpoint`` of the policy's
+home, rlx.workers.home), then runs this stage in a background thread, which writes the copy while the
+next steps run; with several workers each rank copies its own state and writes it in a thread of its
+own, and this stage waits for them.
 Outputs: ``policy/`` (HF folder) and ``trainer_state/`` (DeepSpeed), each written whole under a
 temporary name, so a kill mid-write leaves the previous checkpoint as it was. Then, still in the
 background, every file's size and hash go to ``checkpoint_outputs.json``: DVC records that list, not
@@ -29,7 +30,7 @@ from rlx.store.artifacts import DiskFullError, atomic_dir, write_json
 from rlx.store.layout import StepPaths
 
 draws_random_numbers = False  # safe in a background thread: nothing here reseeds the run's RNGs
-checked_when_loaded = True  # a resume checks the sizes only; Engines.load_checkpoint checks the hashes as it reads
+checked_when_loaded = True  # a resume checks the sizes only; rlx.training.restore checks the hashes as it reads
 
 
 def is_due(config: RLTrainerConfig, step: int, total_steps: int) -> bool:
@@ -45,10 +46,8 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=
     if step == 0:
         with disk_full_reported(paths):
             save_base(paths, engines)
-    elif engines.workers is not None:
-        engines.workers.checkpoint(step)  # each rank its shard of the optimizer state, rank 0 the policy
-    else:
-        save_trainer(step, paths, engines, snapshot)
+    else:  # with several workers each rank writes its shard of the optimizer state, rank 0 the policy
+        engines.home.checkpoint(step, snapshot)
     size = sum(f.stat().st_size for out in outputs(paths) for f in out.rglob("*") if f.is_file())
     return {"checkpoint/saved": 1, "checkpoint/bytes": size}
 
@@ -56,14 +55,14 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines, snapshot=
 def save_base(paths: StepPaths, engines) -> None:
     """Checkpoint 0: the base model as the run's starting policy (written where the policy is held: with
     several workers by worker 0), with an empty optimizer state."""
-    engines.write_policy(0, paths.policy)
+    engines.home.write_policy(0, paths.policy)
     with atomic_dir(paths.trainer_state) as tmp:
         write_json({"global_steps": 0}, tmp / "state.json")
 
 
-def save_trainer(step: int, paths: StepPaths, engines, snapshot=None) -> None:
-    """The trainer's policy and optimizer state: from the copy `rlx fit` took, or as the trainer holds them."""
-    snapshot = snapshot or engines.snapshot(step)
+def write_snapshot(snapshot, paths: StepPaths) -> None:
+    """The trainer's policy and optimizer state from their host copy (rlx.training.trainer), where the home
+    of the policy took it (rlx.workers.home)."""
     with disk_full_reported(paths):
         snapshot.write(paths.policy, paths.trainer_state)
     release_freed_memory()

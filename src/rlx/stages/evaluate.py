@@ -166,7 +166,7 @@ def evaluate_policy(config: RLTrainerConfig, sampler: Sampler, tokenizer, step: 
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     samples, metrics = [], {"eval/evaluated": 0}
     if is_due(config, step, paths.recorded_length() if step else 0):  # base: before any prepare
-        samples, metrics = evaluate_policy(config, engines.sampler(step), engines.tokenizer, step)
+        samples, metrics = evaluate_policy(config, engines.home.sampler(step), engines.tokenizer, step)
         metrics["eval/evaluated"] = 1
     agent = config.dataflow_config.agent_loop_config is not None
     write_rows(samples, paths.eval_samples, schema=AGENT_SAMPLE_SCHEMA if agent else SAMPLE_SCHEMA)

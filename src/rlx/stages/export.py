@@ -23,7 +23,7 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     layout = paths.run
     record = {"step": step, "exported": False}
     if is_due(config, step, paths.recorded_length()):
-        target = engines.write_policy(step, layout.hf_export(step))
+        target = engines.home.write_policy(step, layout.hf_export(step))
         files = {
             str(f.relative_to(target)): file_hash(f, "sha256")  # the Hub's content hash; 16 GB at 8 B
             for f in sorted(target.rglob("*"))

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from rlx.config import RLTrainerConfig
-from rlx.judgers import Panel
-from rlx.judgers.rows import VERDICT, judge_rollouts
+from rlx.judgers.rows import VERDICT
 from rlx.store.artifacts import read_rows, write_rows
 from rlx.store.layout import StepPaths
 
@@ -22,10 +21,8 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     rollouts = read_rows(paths.checked(paths.rollouts))
     if VERDICT in rollouts[0]:  # judged already, by the filter that kept these groups
         judged = [row.pop(VERDICT) for row in rollouts]
-    elif engines.judges is not None:  # cpu_resources: the same judging in CPU actors (rlx.workers.judges)
-        judged = engines.judges.judge(rollouts)
-    else:
-        judged = judge_rollouts(config, Panel(config.judger_config), rollouts)
+    else:  # in this process, or with cpu_resources in CPU actors (rlx.workers.judges)
+        judged = engines.judging.judge(rollouts)
     rows = [
         {"step": step, "group": r["group"], "sample": r["sample"], **j} for r, j in zip(rollouts, judged, strict=True)
     ]

@@ -43,7 +43,7 @@ def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict
     """``prompt_repeat_k`` responses for each group, as rollout rows in group order."""
     flow = config.dataflow_config
     k, policy = flow.prompt_repeat_k, rollout_policy_step(step, flow.max_staleness)
-    sampler, repeated = engines.rollout_sampler(policy), [group for group in groups for _ in range(k)]
+    sampler, repeated = engines.rollouts.sampler(policy), [group for group in groups for _ in range(k)]
     if flow.agent_loop_config is None:
         generations = sampler.generate([group["prompt_ids"] for group in repeated], flow.sample_params, seed=seed)
     else:

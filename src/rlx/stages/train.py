@@ -22,6 +22,8 @@ from rlx.training import distributed
 from rlx.training.trainer import nonfinite_parameter
 from rlx.training.update import UPDATE_SCHEMA, update_policy
 
+runs_where_the_policy_is = True  # run_stage sends it to the policy's home: with several workers, every rank
+
 
 def clip_cannot_act(config: RLTrainerConfig) -> str | None:
     """Why the clip settings change nothing, if they cannot: with one update per rollout step the
@@ -40,8 +42,6 @@ def clip_cannot_act(config: RLTrainerConfig) -> str | None:
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     """Update the policy of step - 1 with the step's judged rollouts; record the update's numbers and
     the new weights' fingerprint (the weights themselves are the checkpoint stage's)."""
-    if engines.workers is not None:
-        return engines.workers.run("train", step)
     missing = [p.name for p in (paths.rollouts, paths.judged) if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"{paths.dir}: no {' or '.join(missing)}")

@@ -21,28 +21,31 @@ import torch
 
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
+from rlx.samplers import InBatches
 from rlx.samplers.types import row_seeds
 from rlx.stages.train import replay
 from rlx.workers.actors import ActorGroup, as_arrays
 from rlx.workers.cluster import ray_instance, worker_bundle
+from rlx.workers.home import place_policy
 from rlx.workers.judges import JudgePool
 from rlx.workers.worker import RolloutWorker, Worker
 
 
 @contextlib.contextmanager
 def warm_engines(config: RLTrainerConfig) -> Iterator[Engines]:
-    """What stays warm for a run: one worker in this process or a group of them on Ray, and the judge
-    actors when ``cpu_resources`` asks for them; the actors are stopped after."""
+    """What stays warm for a run, the one place that chooses where its policy lives: in this process or
+    in a group of workers on Ray (rlx.workers.home), with rollout workers apart and judge actors when
+    ``resources`` and ``cpu_resources`` ask for them; the actors are stopped after."""
     resources = config.resources
     if not config.has_actors:
-        yield Engines(config, replay)
+        yield place_policy(Engines(config, replay))
         return
     with ray_instance(config) as ray, contextlib.ExitStack() as started:
         workers = started_group(started, WorkerGroup, ray, config) if resources.on_ray else None
         apart = started_group(started, RolloutPool, ray, config) if resources.num_rollout_workers else None
         started.enter_context(cores_left_to_driver(config))
         judges = started_group(started, JudgePool, ray, config) if config.cpu_resources else None
-        yield Engines(config, replay, workers=workers, judges=judges, rollout_workers=apart)
+        yield place_policy(Engines(config, replay, judging=judges), workers, apart)
 
 
 @contextlib.contextmanager
@@ -87,9 +90,10 @@ def shares(prompt_ids: Sequence[Sequence[int]], work_per_prompt: int, count: int
 
 class WorkerGroup(ActorGroup):
     """The workers, placed and joined in one torch.distributed group (rank 0's node holds the rendezvous);
-    rank 0's lines are shown in the console."""
+    rank 0's lines are shown in the console. The policy's home on Ray (rlx.workers.home.PolicyHome)."""
 
     shows_first = True
+    runs_apart = False
 
     def __init__(self, ray, config: RLTrainerConfig):
         resources, count = config.resources, config.resources.num_workers
@@ -104,10 +108,11 @@ class WorkerGroup(ActorGroup):
         """Stage ``name`` of ``step`` on every rank; rank 0's metrics, as one process would give them."""
         return self.call("run", name, step, what=f"stage {name} of step {step}")[0]
 
-    def on_first(self, method: str):
-        """``method``'s result on worker 0 alone, the others left idle."""
-        ref = self.actors[0].timed.remote(method)
-        return self.checked_result(ref, 0, method.replace("_", " "))[0]
+    def base_fingerprint(self) -> dict:
+        """Worker 0's, the others left idle: the driver loads no model (on a GPU node it would take a
+        GPU of the workers')."""
+        ref = self.actors[0].timed.remote("base_fingerprint")
+        return self.checked_result(ref, 0, "base fingerprint")[0]
 
     def start_checkpoint(self, step: int) -> None:
         """Every rank copies its state after ``step`` steps to host memory and starts writing it (each its
@@ -115,18 +120,19 @@ class WorkerGroup(ActorGroup):
         self.call("start_checkpoint", step, what=f"copying the checkpoint of step {step}")
         self.writing = step
 
-    def checkpoint(self, step: int) -> None:
-        """Step ``step``'s checkpoint on disk: the write :meth:`start_checkpoint` began, or one made now."""
+    def checkpoint(self, step: int, snapshot=None) -> None:
+        """Step ``step``'s checkpoint on disk: the write :meth:`start_checkpoint` began, or one made now
+        (``snapshot`` is None: the ranks hold their copies)."""
         if self.writing != step:
             self.start_checkpoint(step)
         self.call("checkpoint_written", what=f"writing the checkpoint of step {step}", background=True)
         self.writing = None
 
-    def write_policy(self, step: int, folder: Path, mark: dict | None) -> Path:
+    def write_policy(self, step: int, folder: Path, mark: dict | None = None) -> Path:
         """Step ``step``'s policy written by rank 0 (every rank takes part if it must be replayed)."""
         return self.call("write_policy", step, folder, mark, what=f"writing the policy of step {step}")[0]
 
-    def policy_ref(self, step: int):
+    def policy_to_send(self, step: int):
         """An object-store reference to rank 0's policy after ``step`` steps (rlx.workers.worker.Worker.policy_ref)."""
         return self.call("policy_ref", step, what=f"sending the policy of step {step}")[0]
 
@@ -164,7 +170,7 @@ class RolloutPool(ActorGroup):
         return GroupSampler(self, step)
 
 
-class GroupSampler:
+class GroupSampler(InBatches):
     """The engines of a group of train or rollout workers as one sampler: each generates its share from
     the policy after ``step`` steps; row ``i`` of the whole samples from its seed (``seed + i``) wherever it
     lands, so the responses do not depend on how many engines there are."""

@@ -1,8 +1,9 @@
 """One worker of the group, a Ray actor alive for the whole run: a DeepSpeed rank with its own
-rollout engine. It keeps an :class:`rlx.engines.Engines` of its own, so the policy it trains at step N
-is the very module it samples step N+1 from, as in the one-process run, and the driver sends it only
-step numbers and prompt ids. It runs the stages' own code (train, checkpoint, export) on the run's
-files, which every node must see (a shared filesystem, as for XTuner's ``work_dir``)."""
+rollout engine. It keeps an :class:`rlx.engines.Engines` of its own, whose policy lives in this
+process (rlx.workers.home.InProcess, the one-process run's home), so the policy it trains at step N is
+the very module it samples step N+1 from, and the driver sends it only step numbers and prompt ids.
+It runs the stages' own code (train, checkpoint, export) on the run's files, which every node must
+see (a shared filesystem, as for XTuner's ``work_dir``)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from collections.abc import Callable, Sequence
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
 from rlx.samplers.types import Generation
-from rlx.stages import module, reseed
+from rlx.stages import reseed
 from rlx.store.background import BackgroundWriter
-from rlx.store.layout import RunLayout
 from rlx.training.distributed import free_port
 from rlx.workers.actors import Actor, as_arrays, as_tensors
+from rlx.workers.home import place_policy
 
 
 class RolloutWorker(Actor):
@@ -25,7 +26,8 @@ class RolloutWorker(Actor):
 
     def __init__(self, label: str, shown: bool, config: RLTrainerConfig, project: str, replay: Callable | None = None):
         super().__init__(label, shown, config, project)
-        self.config, self.engines = config, Engines(config, replay)
+        self.config, self.engines = config, place_policy(Engines(config, replay))
+        self.home = self.engines.home
 
     def hold(self, step: int, arrays: dict) -> None:
         """Sample from now on from the policy after ``step`` steps, sent as rlx.workers.actors.as_arrays."""
@@ -33,7 +35,7 @@ class RolloutWorker(Actor):
 
     def generate(self, step: int, prompt_ids: Sequence[Sequence[int]], params: SampleParams, seed: Sequence[int]):
         """This worker's share of a rollout or evaluation, sampled from the policy after ``step`` steps."""
-        generations: list[Generation] = self.engines.sampler(step).generate(prompt_ids, params, seed=seed)
+        generations: list[Generation] = self.home.sampler(step).generate(prompt_ids, params, seed=seed)
         return generations
 
 
@@ -69,21 +71,19 @@ class Worker(RolloutWorker):
             MASTER_PORT=str(master_port),
         )
 
-    def run(self, name: str, step: int, **given) -> dict:
+    def run(self, name: str, step: int) -> dict:
         """Stage ``name`` of ``step`` on this rank, its RNGs seeded as the one-process run seeds them."""
         reseed(self.config, name, step)
-        return module(name).run(self.config, step, RunLayout(self.config.work_dir).step(step), self.engines, **given)
+        return self.home.run(name, step)
 
     def base_fingerprint(self) -> dict:
-        return self.engines.base_fingerprint()
+        return self.home.base_fingerprint()
 
     def start_checkpoint(self, step: int) -> None:
         """Copy this rank's trainer state after ``step`` steps to host memory, together with the other ranks,
         and write it in a thread of this actor's own while the driver goes on with the next steps."""
         self.writer.wait()
-        snapshot = self.engines.snapshot(step)
-        paths = RunLayout(self.config.work_dir).step(step)
-        self.writer.start(module("checkpoint").save_trainer, step, paths, self.engines, snapshot)
+        self.writer.start(self.home.checkpoint, step, self.home.start_checkpoint(step))
 
     def checkpoint_written(self) -> None:
         """Wait for the write :meth:`start_checkpoint` began (its error, if any, raised here); the driver
@@ -93,7 +93,7 @@ class Worker(RolloutWorker):
     def write_policy(self, step: int, folder, mark: dict | None):
         """Rank 0 writes step ``step``'s policy; every rank first makes sure it holds it (a replay is collective)."""
         self.engines.policy(step)
-        return self.engines.write_policy(step, folder, mark) if self.rank == 0 else None
+        return self.home.write_policy(step, folder, mark) if self.rank == 0 else None
 
     def policy_ref(self, step: int):
         """Rank 0's policy after ``step`` steps in Ray's object store, for the rollout workers (every rank
@@ -101,4 +101,4 @@ class Worker(RolloutWorker):
         import ray
 
         self.engines.policy(step)
-        return ray.put(as_arrays(self.engines.policy_to_send(step))) if self.rank == 0 else None
+        return ray.put(as_arrays(self.home.policy_to_send(step))) if self.rank == 0 else None
