@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from rlx.agents.calls import run_chains
 from rlx.agents.format import parse_calls, render_tool_turn, shown_results, tool_turn_ids, tool_turns_ids, turn_frame
 from rlx.agents.loop import AgentLoop, reset_row, tool_use
+from rlx.agents.tools import open_session
 from rlx.algo import advantages
 from rlx.algo.losses import policy_loss
 from rlx.config import AgentLoopConfig, JudgerConfig, SampleParams
@@ -126,7 +127,7 @@ def test_async_tools_wait_together_on_one_event_loop_and_are_cancelled_past_thei
     from rlx.agents import calls
 
     monkeypatch.setattr(calls, "THREADS", calls.DaemonThreads("rlx-tool-test"))
-    session = AgentLoopConfig(tools=["helpers.async_agents:where"]).toolbox().session({})
+    session = open_session(AgentLoopConfig(tools=["helpers.async_agents:where"]).toolbox(), {})
     started = time.perf_counter()
     outcomes = run_chains([[async_agents.pause]] * 64 + [[session.job("where", {})]], timeout=5.0)
     assert time.perf_counter() - started < 1.0
@@ -400,7 +401,7 @@ def taught_to_call(untrained_model, folder):
     character: ids the tokenizer would merge if the text were encoded again), read the result, answer.
     Returns the prompt's ids and the rollout's three pieces of ids."""
     from helpers.teaching import teach
-    from rlx.tasks.data import prompt_ids
+    from rlx.tokens import prompt_ids
 
     cfg = untrained_model[0]
     tokenizer = AutoTokenizer.from_pretrained(cfg.tiny_model.output_dir)

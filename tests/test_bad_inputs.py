@@ -27,6 +27,7 @@ from rlx import config as rlx_config
 from rlx.cli import main
 from rlx.engines import Engines
 from rlx.errors import UserError
+from rlx.judgers.rows import PanelJudging
 from rlx.lineage.fingerprint import fingerprint
 from rlx.stages import record_outputs, run_stage
 from rlx.stages.train import replay
@@ -420,7 +421,7 @@ def judged_step(inputs, untrained_model, tmp_path_factory) -> Path:
     """A work_dir whose step 1 is prepared, rolled out and judged (train not yet run), on the real stages."""
     work_dir = tmp_path_factory.mktemp("judged") / "run"
     config = step_config(inputs, work_dir)
-    engines = place_policy(Engines(config, replay))
+    engines = place_policy(Engines(config, replay, PanelJudging(config)))
     for name in ("base", "prepare", "rollout", "judge"):
         run_stage(name, config, 1, engines)
     return work_dir

@@ -13,7 +13,7 @@ import pytest
 from rlx.config import RolloutConfig, SampleParams
 from rlx.samplers import TransformersSampler
 from rlx.samplers.lmdeploy_backend import generation_options, to_generation
-from rlx.tasks.data import prompt_ids
+from rlx.tokens import prompt_ids
 from rlx.training.loading import load_policy
 
 

@@ -106,7 +106,8 @@ def test_the_prompt_pool_is_tokenized_once_per_process_and_made_again_when_its_d
     """`rlx fit` checks the pool before the run (rlx.run.preflight) and runs from it: one tokenization, but
     never a pool of files that have changed since."""
     from rlx import config
-    from rlx.tasks.data import PromptPool, prompt_ids
+    from rlx.tasks.data import PromptPool
+    from rlx.tokens import prompt_ids
     from rlx.training.loading import load_tokenizer
 
     cfg, _ = untrained_model

@@ -12,8 +12,9 @@ from conftest import PARAMS, demo_config
 from rlx.cli import main
 from rlx.store.targets import metrics_mark
 from rlx.tasks.arith import write_dataset
-from rlx.tasks.data import load_rows, prompt_ids
+from rlx.tasks.data import load_rows
 from rlx.tasks.tiny_model import build, greedy_accuracy, train_tokenizer
+from rlx.tokens import prompt_ids
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,6 @@ import torch
 
 from rlx import clock
 from rlx.config import RLTrainerConfig
-from rlx.judgers.rows import PanelJudging
 from rlx.samplers import Sampler, TransformersSampler
 from rlx.store.layout import RunLayout
 from rlx.tasks.data import PromptPool
@@ -44,7 +43,7 @@ class Engines:
         self.replay = replay  # (config, trainer, steps, engines): the train stage's replay of recorded updates
         self.home = None  # where the policy lives: set by rlx.workers.home.place_policy
         self.rollouts = None  # what generates the training rollouts: the home, or rollout workers apart from it
-        self.judging = judging or PanelJudging(config)  # or a rlx.workers.judges.JudgePool (cpu_resources)
+        self.judging = judging  # who judges: rlx.judgers.rows.PanelJudging, or CPU actors (cpu_resources)
         self.layout = RunLayout(config.work_dir)
         self._trainer: PolicyTrainer | None = None
         self._trainer_step: int | None = None

@@ -140,7 +140,8 @@ def timed_fit(benchmark, scratch: Path, project: Path, overrides: list[str], wor
 def demo_prompts(tiny_model, tokenizer, count: int) -> tuple[list[list[int]], list[str]]:
     """The first ``count`` demo training prompts, each repeated ``prompt_repeat_k`` times as a rollout
     repeats them, with their gold answers."""
-    from rlx.tasks.data import load_rows, prompt_ids
+    from rlx.tasks.data import load_rows
+    from rlx.tokens import prompt_ids
 
     cfg, _ = tiny_model
     k = FLOW.prompt_repeat_k

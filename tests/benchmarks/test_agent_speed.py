@@ -32,6 +32,7 @@ from harness import DEMO, FLOW, alternate, demo_tokenizer, record
 from rlx.agents.calls import Outcome, run_chains
 from rlx.agents.format import tool_turn_ids
 from rlx.agents.loop import AgentLoop, Trajectory, reset_row
+from rlx.agents.tools import open_session
 from rlx.config import AgentLoopConfig, SampleParams
 from rlx.samplers import TransformersSampler
 from rlx.samplers.types import Generation
@@ -64,8 +65,9 @@ def agent_batch(request, untrained_model, tmp_path_factory):
     """(name, the model taught to call, its tokenizer, the batch's prompt ids with the tool's schema, the
     rollout settings). Sizes: the untrained model (1 layer of 32) and a random-init one of the demo
     model's shape (4 layers of 160; its warm start would teach it nothing the teaching here needs)."""
-    from rlx.tasks.data import load_rows, prompt_ids
+    from rlx.tasks.data import load_rows
     from rlx.tasks.tiny_model import create_model, save
+    from rlx.tokens import prompt_ids
 
     cfg, _ = untrained_model
     tokenizer = demo_tokenizer(untrained_model)
@@ -137,7 +139,7 @@ def test_agent_turn_cost_by_turn(benchmark, untrained_model):
     turn = Generation([], call, CALL, [0.0] * len(call), "stop")
 
     def token_in_token_out():
-        trajectory, seconds = Trajectory([0], loop.toolbox.session({})), []
+        trajectory, seconds = Trajectory([0], open_session(loop.toolbox, {})), []
         for _ in range(TURNS):
             started = time.perf_counter()
             calls = loop.take_turn(trajectory, turn)

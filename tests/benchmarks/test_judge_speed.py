@@ -15,7 +15,8 @@ from rlx.config import JudgerConfig, SampleParams
 from rlx.judgers import Panel
 from rlx.judgers.rows import judge_rows
 from rlx.samplers.transformers_backend import generate
-from rlx.tasks.data import load_rows, prompt_ids
+from rlx.tasks.data import load_rows
+from rlx.tokens import prompt_ids
 from rlx.training.loading import load_policy
 
 RESPONSES = 1024

@@ -31,7 +31,8 @@ def trl_micro_batch(bench_project) -> int:
     on the demo's prompts, among the divisors of the step's responses."""
     from transformers import AutoTokenizer
 
-    from rlx.tasks.data import load_rows, prompt_ids
+    from rlx.tasks.data import load_rows
+    from rlx.tokens import prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(bench_project / "data/tiny-qwen3")
     rows = load_rows(bench_project / "data/arith/train.parquet")[:256]

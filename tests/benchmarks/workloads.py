@@ -177,7 +177,8 @@ def train_memory(params: str, overrides: list[str], model_dir: str, train_file: 
     from transformers import AutoTokenizer
 
     from rlx.config import load
-    from rlx.tasks.data import load_rows, prompt_ids
+    from rlx.tasks.data import load_rows
+    from rlx.tokens import prompt_ids
     from rlx.training.trainer import PolicyTrainer
 
     config = load(Path(params), overrides)

@@ -53,7 +53,7 @@ from rlx import config
 from rlx.algo.correction import mismatch_metrics
 from rlx.config import SampleParams
 from rlx.store.layout import RunLayout
-from rlx.tasks.data import prompt_ids
+from rlx.tokens import prompt_ids
 from rlx.training.flops import device_peak
 from rlx.training.loading import load_policy
 from rlx.training.trainer import TokenBatch, token_logprobs

@@ -12,7 +12,8 @@ import torch
 from transformers import AutoTokenizer
 
 from rlx.agents.format import tool_turn_ids
-from rlx.tasks.data import load_rows, prompt_ids
+from rlx.tasks.data import load_rows
+from rlx.tokens import prompt_ids
 from rlx.training.loading import load_policy
 
 AGENT_RUN = [  # configs/agent_calculator.yaml's loop, with the test tool that logs its calls (helpers.agents)

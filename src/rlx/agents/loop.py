@@ -27,13 +27,12 @@ from rlx import seeds
 from rlx.agents.calls import Chain, Outcome, run_chains
 from rlx.agents.format import ToolCall, parse_calls, shown_results, tool_turns_ids
 from rlx.agents.stopping import warn_still_running
-from rlx.agents.tools import Session
+from rlx.agents.tools import Session, open_session
 from rlx.config import AgentLoopConfig, SampleParams
 from rlx.errors import UserError
 from rlx.samplers.types import Generation
 from rlx.store import faults
-from rlx.tasks.data import prompt_ids
-from rlx.tokens import decode, decode_many
+from rlx.tokens import decode, decode_many, prompt_ids
 
 RESET_FAILED = "reset_failed"  # the finish of a rollout whose environment could not start: no turn, scored 0
 
@@ -111,9 +110,10 @@ class AgentLoop:
         and the others go on."""
         if self.toolbox.environment is None:
             return [
-                Trajectory(list(row_ids), self.toolbox.session(row)) for row, row_ids in zip(rows, ids, strict=True)
+                Trajectory(list(row_ids), open_session(self.toolbox, row))
+                for row, row_ids in zip(rows, ids, strict=True)
             ]
-        made = run_chains([[partial(self.toolbox.session, row)] for row in rows], self.config.tool_timeout)
+        made = run_chains([[partial(open_session, self.toolbox, row)] for row in rows], self.config.tool_timeout)
         return [self.started(outcome, row_ids) for (outcome,), row_ids in zip(made, ids, strict=True)]
 
     def started(self, made: Outcome, ids: list[int]) -> Trajectory:

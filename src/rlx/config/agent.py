@@ -47,8 +47,8 @@ class AgentLoopConfig(Section):
         return self
 
     def toolbox(self):
-        """The tools, imported (rlx.agents.tools.Toolbox)."""
-        from rlx.agents.tools import Toolbox
+        """The tools, imported (rlx.plugins.Toolbox)."""
+        from rlx.plugins import Toolbox
 
         try:
             return Toolbox.load(self)

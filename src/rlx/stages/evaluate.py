@@ -23,7 +23,8 @@ from rlx.samplers import Sampler
 from rlx.stages.curves import write_curve
 from rlx.store.artifacts import write_rows
 from rlx.store.layout import RunLayout, StepPaths
-from rlx.tasks.data import load_rows, prompts_ids, tool_schemas
+from rlx.tasks.data import load_rows, tool_schemas
+from rlx.tokens import prompts_ids
 
 SAMPLE_SCHEMA = pa.schema(
     [

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
-from rlx.tokens import encode_many
+from rlx.tokens import prompts_ids
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
 
@@ -123,22 +123,6 @@ def load_rows(path: Path) -> list[dict]:
     if not rows:
         raise DataError(f"{path}: the dataset is empty")
     return rows
-
-
-def prompts_ids(tokenizer, conversations: list[list[dict]], tools: list[dict] | None = None) -> list[list[int]]:
-    """Token ids of chat prompts rendered by the tokenizer's template, each ready for the assistant's turn;
-    with ``tools`` (their JSON schemas), the template shows them to the model as it does. Rendered and
-    encoded as one batch, by the Rust backend where exact (rlx.tokens): 1.2 s for the demo's 20,000
-    prompts on a 2-core AMD EPYC, 0.8-0.9 s of it encoding, which took 1.5 s through transformers' call."""
-    if not conversations:
-        return []
-    extra = {"tools": tools} if tools else {}
-    texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False, **extra)
-    return encode_many(tokenizer, texts)
-
-
-def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    return prompts_ids(tokenizer, [messages], tools)[0]
 
 
 def tool_schemas(config: RLTrainerConfig) -> list[dict] | None:

@@ -25,7 +25,8 @@ from rlx.samplers.transformers_backend import generate
 from rlx.store.artifacts import atomic_dir, write_text
 from rlx.store.targets import FOLDER_MARK, folder_mark, metrics_mark
 from rlx.tasks.calculator import call_text, expression, tool_example
-from rlx.tasks.data import load_rows, prompt_ids
+from rlx.tasks.data import load_rows
+from rlx.tokens import prompt_ids
 
 PAD, BOS_TURN, EOS_TURN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (

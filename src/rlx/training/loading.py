@@ -17,7 +17,7 @@ from rlx.store import faults
 from rlx.store.artifacts import atomic_dir, write_text
 from rlx.store.integrity import folder_records
 from rlx.store.targets import FOLDER_MARK, folder_mark
-from rlx.tasks.data import prompt_ids
+from rlx.tokens import prompt_ids
 from rlx.training import lora
 
 log = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ import torch
 
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
+from rlx.judgers.rows import PanelJudging
 from rlx.samplers import InBatches
 from rlx.samplers.types import row_seeds
 from rlx.stages.train import replay
@@ -38,14 +39,14 @@ def warm_engines(config: RLTrainerConfig) -> Iterator[Engines]:
     ``resources`` and ``cpu_resources`` ask for them; the actors are stopped after."""
     resources = config.resources
     if not config.has_actors:
-        yield place_policy(Engines(config, replay))
+        yield place_policy(Engines(config, replay, PanelJudging(config)))
         return
     with ray_instance(config) as ray, contextlib.ExitStack() as started:
         workers = started_group(started, WorkerGroup, ray, config) if resources.on_ray else None
         apart = started_group(started, RolloutPool, ray, config) if resources.num_rollout_workers else None
         started.enter_context(cores_left_to_driver(config))
-        judges = started_group(started, JudgePool, ray, config) if config.cpu_resources else None
-        yield place_policy(Engines(config, replay, judging=judges), workers, apart)
+        judges = started_group(started, JudgePool, ray, config) if config.cpu_resources else PanelJudging(config)
+        yield place_policy(Engines(config, replay, judges), workers, apart)
 
 
 @contextlib.contextmanager
