@@ -3,6 +3,7 @@ and one multi-turn rollout through the real transformers backend and the rollout
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
@@ -415,9 +416,11 @@ def taught_to_call(untrained_model, folder):
     return prompt, pieces
 
 
-def test_each_turn_goes_on_from_the_ids_of_the_turn_before_byte_for_byte(untrained_model, taught, tokenizer):
+@pytest.mark.parametrize("in_a_cell", [False, True], ids=["in a script", "where an event loop runs (a notebook)"])
+def test_each_turn_goes_on_from_the_ids_of_the_turn_before_byte_for_byte(untrained_model, taught, tokenizer, in_a_cell):
     """No re-tokenization (TRL #5224): the input of turn 2 starts with the very ids of turn 1's input and
-    its sampled reply, though this tokenizer, decoding and encoding them again, would merge them."""
+    its sampled reply, though this tokenizer, decoding and encoding them again, would merge them. The same
+    from code that an event loop runs already, as a notebook's kernel runs a cell."""
     from helpers.agents import Recorded
     from rlx.samplers import TransformersSampler
     from rlx.training.loading import load_policy
@@ -426,7 +429,13 @@ def test_each_turn_goes_on_from_the_ids_of_the_turn_before_byte_for_byte(untrain
     config = AgentLoopConfig(tools=["helpers.agents:add"], max_turns=2)
     loop = AgentLoop(config, tokenizer, SampleParams(max_tokens=120, temperature=0))
     sampler = Recorded(TransformersSampler(load_policy(folder), tokenizer, untrained_model[0].rollout_config))
-    loop.run(sampler, [loop.start(reset_row("rlx/arith", [], "9"), prompt)], seed=3)
+    starts = [loop.start(reset_row("rlx/arith", [], "9"), prompt)]
+
+    async def cell():
+        return loop.run(sampler, starts, seed=3)
+
+    (rollout,) = asyncio.run(cell()) if in_a_cell else loop.run(sampler, starts, seed=3)
+    assert (rollout.turns, rollout.finish_reason, rollout.final_text) == (2, "stop", "#### 9")
     first, second = (prompts[0] for prompts, _, _ in sampler.calls)
     as_bytes = lambda ids: torch.tensor(ids, dtype=torch.int64).numpy().tobytes()  # noqa: E731
     assert as_bytes(second[: len(first)]) == as_bytes(first) == as_bytes(prompt)
