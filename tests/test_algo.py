@@ -521,3 +521,42 @@ def test_token_logprobs_score_from_the_first_response_position_as_the_whole_sequ
     assert torch.equal(logp * batch.mask, whole * batch.mask)
     assert torch.equal(entropy * batch.mask, whole_entropy * batch.mask)
     assert not logp[:, :2].any() and whole[:, :2].all()  # before it: not scored, zeros
+
+
+# ---- the sampled support (rlx.algo.support)
+
+
+def test_the_support_is_transformers_top_k_then_top_p_over_any_leading_dimensions():
+    """The trainer cuts its [B, T, V] logits as the sampler's transformers warpers cut each [B, V] step."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    from rlx.algo.support import cut_to_support
+
+    logits = 3 * torch.randn(3, 4, 50, generator=torch.Generator().manual_seed(0))
+    for top_k, top_p in [(0, 0.9), (5, 1.0), (7, 0.6), (0, 0.05), (50, 0.999)]:
+        warpers = ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+        expected = []
+        for position in range(logits.shape[1]):
+            step = logits[:, position]
+            for warp in warpers:
+                step = warp(None, step)
+            expected.append(step)
+        assert torch.equal(cut_to_support(logits, top_k, top_p), torch.stack(expected, dim=1)), (top_k, top_p)
+
+
+def test_log_probs_over_the_support_by_hand():
+    """p = (0.5, 0.25, 0.15, 0.1): top-p 0.7 keeps the two likeliest (0.75 of the mass, the least that reaches
+    0.7), top-k 3 the three (0.9); each renormalised. A token drawn outside the cut stays in it."""
+    from rlx.algo.support import entropy, support_log_probs
+
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    nucleus = support_log_probs(probs.log(), top_p=0.7)
+    assert torch.allclose(nucleus[:2].exp(), torch.tensor([0.5, 0.25]) / 0.75) and nucleus[2:].isinf().all()
+    three = support_log_probs(probs.log(), top_k=3)
+    assert torch.allclose(three[:3].exp(), torch.tensor([0.5, 0.25, 0.15]) / 0.9) and three[3].isinf()
+    kept = support_log_probs(probs.log(), top_p=0.7, sampled=torch.tensor(2))
+    assert torch.allclose(kept[:3].exp(), torch.tensor([0.5, 0.25, 0.15]) / 0.9)
+    hot = support_log_probs((probs**2).log(), temperature=2.0)  # temperature before the cut
+    assert torch.allclose(hot.exp(), probs)
+    expected = -sum(p * math.log(p) for p in (0.5 / 0.75, 0.25 / 0.75))
+    assert entropy(nucleus).item() == pytest.approx(expected, abs=1e-6)

@@ -145,6 +145,30 @@ def test_lmdeploy_training_rollouts_at_another_temperature_are_refused(monkeypat
     assert config.load(PARAMS, [*lmdeploy, "dataflow_config.sample_params.temperature=0"])
 
 
+def test_training_rollouts_sampled_off_the_policy_are_refused_unless_allowed(monkeypatch):
+    """top_k and top_p are scored over their support (rlx.algo.support); a repetition penalty or min_tokens,
+    which the trainer cannot score, needs a leave, and a leave with nothing to allow is refused; LMDeploy
+    returns log-probs before any of them act, so it samples training rollouts without them."""
+    from helpers import lmdeploy_stand_in
+
+    sample = "dataflow_config.sample_params"
+    assert config.load(PARAMS, [f"{sample}.top_p=0.9", f"{sample}.top_k=20"])
+    with pytest.raises(ConfigError) as refused:
+        config.load(PARAMS, [f"{sample}.repetition_penalty=1.2", f"{sample}.min_tokens=2"])
+    assert str(refused.value).endswith(
+        "dataflow_config.sample_params.repetition_penalty 1.2, dataflow_config.sample_params.min_tokens 2: training "
+        "rollouts would sample from another distribution than the policy the trainer scores, so every update is "
+        "off-policy; set dataflow_config.allow_off_policy_sampling: true to accept it (mismatch/k3_kl then says by "
+        "how much, each step)"
+    )
+    assert config.load(PARAMS, [f"{sample}.min_tokens=2", "dataflow_config.allow_off_policy_sampling=true"])
+    with pytest.raises(ConfigError, match=r"allow_off_policy_sampling true: no setting .* so it cannot act"):
+        config.load(PARAMS, ["dataflow_config.allow_off_policy_sampling=true"])
+    lmdeploy_stand_in.install(monkeypatch)
+    with pytest.raises(ConfigError, match=r"sample_params.top_p 0.9: LMDeploy returns each token's log-prob before"):
+        config.load(PARAMS, ["rollout_config.backend=lmdeploy", f"{sample}.top_p=0.9"])
+
+
 def test_a_lower_bound_the_correction_mode_cannot_use_is_refused():
     correction = "train_worker_cfg.loss_cfg.rollout_correction"
     with pytest.raises(ConfigError) as caught:

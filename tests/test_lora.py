@@ -91,7 +91,7 @@ def test_only_the_adapter_changes_and_the_base_stays_bitwise(trained):
 def test_the_reference_is_the_base_with_the_adapter_off(trained):
     trainer, _, _, model = trained
     batch = a_batch(seed=1)
-    reference = trainer.reference_logprobs(batch, 1.0, frozen=None)
+    reference = trainer.reference_logprobs(batch, None, frozen=None)
     with torch.no_grad():
         expected, _ = token_logprobs(load_policy(model), batch)
     assert torch.equal(reference, expected)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from rlx.config import RolloutConfig, SampleParams
 from rlx.samplers import TransformersSampler
@@ -57,7 +58,37 @@ def test_a_response_depends_on_its_prompt_and_seed_not_on_the_rows_beside_it(mod
     assert len({tuple(g.response_ids) for g in whole}) > 3  # the samples of a group differ
     top_1 = SampleParams(max_tokens=12, temperature=1.0, top_k=1)  # the warpers act before the draw
     greedy = SampleParams(max_tokens=12, temperature=0.0)
-    assert small.generate(ids, top_1, seed=1) == small.generate(ids, greedy, seed=2)
+    one, argmax = small.generate(ids, top_1, seed=1), small.generate(ids, greedy, seed=2)
+    assert [g.response_ids for g in one] == [g.response_ids for g in argmax]
+    assert {lp for g in one for lp in g.logprobs} == {0.0}  # a support of one token holds all the probability
+
+
+def test_top_k_and_top_p_rollouts_are_scored_over_the_support_they_were_sampled_from(model_and_tokenizer):
+    """The sampler's log-probs are those of the cut, renormalised distribution it drew from, and the trainer,
+    told the same sampling, scores the tokens the same: the update is on-policy (mismatch 0), where scoring
+    over the whole vocabulary would lower every log-prob by the support's log-mass. A repetition penalty,
+    which the trainer cannot score, shows in the mismatch instead."""
+    from rlx.algo.correction import mismatch_metrics
+    from rlx.training.trainer import TokenBatch, token_logprobs
+
+    _, model, tokenizer = model_and_tokenizer
+    sampler, ids = TransformersSampler(model, tokenizer, RolloutConfig()), prompts(tokenizer, 6)
+
+    def scored(params):
+        generations = sampler.generate(ids, params, seed=3)
+        batch = TokenBatch.from_ids(ids, [g.response_ids for g in generations], tokenizer.pad_token_id)
+        rollout = torch.tensor([lp for g in generations for lp in g.logprobs])
+        mask = batch.mask > 0
+        return rollout, token_logprobs(model, batch, params)[0][mask], token_logprobs(model, batch)[0][mask]
+
+    cut = SampleParams(max_tokens=12, temperature=0.8, top_k=40, top_p=0.7)
+    rollout, trained, whole = scored(cut)
+    assert torch.allclose(trained, rollout, atol=1e-5)
+    assert (whole < trained - 1e-3).sum() > len(whole) // 4  # the support's mass under 1 at most positions
+    penalised = SampleParams(max_tokens=12, repetition_penalty=1.5)
+    rollout, trained, _ = scored(penalised)
+    mask = torch.ones_like(trained)
+    assert mismatch_metrics(trained, rollout, mask)["mismatch/k3_kl"] > 1e-3
 
 
 def test_lmdeploy_request_mirrors_the_transformers_sampling(model_and_tokenizer):

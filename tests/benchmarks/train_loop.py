@@ -63,10 +63,9 @@ def bare_optimizer(model, config: RLTrainerConfig) -> torch.optim.Optimizer:
 def bare_update(model, optimizer, config: RLTrainerConfig, micros: list[Micro]) -> None:
     loss_cfg, clip = config.train_worker_cfg.loss_cfg, config.train_worker_cfg.loss_cfg.policy_loss_cfg
     options = {"global_tokens": micros[0].mini_tokens, "norm_length": config.dataflow_config.sample_params.max_tokens}
-    temperature = config.dataflow_config.sample_params.temperature or 1.0
     model.train()
     for micro in micros:
-        logp, entropy = token_logprobs(model, micro.batch, temperature)
+        logp, entropy = token_logprobs(model, micro.batch, config.dataflow_config.sample_params)
         pg_loss, _ = policy_loss(
             logp,
             logp.detach() if micro.old_logp is None else micro.old_logp,  # on-policy: the live log-probs

@@ -186,6 +186,13 @@ class DataFlowConfig(Section):
         "fixed, so the run stays exact and resumable; train_worker_cfg.loss_cfg.rollout_correction corrects "
         "for the lag.",
     )
+    allow_off_policy_sampling: bool = Field(
+        False,
+        description="rlx addition: accept training-rollout sampling the trainer cannot score, sample_params."
+        "repetition_penalty other than 1 or min_tokens above 0 (transformers backend): rollouts are then off-policy "
+        "by as much as mismatch/k3_kl says each step. top_k and top_p need no leave: rollouts and trainer score over "
+        "the same support (rlx.algo.support).",
+    )
     agent_loop_config: AgentLoopConfig | None = Field(
         None,
         description="Multi-turn, tool-using rollouts (XTuner's agent_loop_config): tools or an environment, "

@@ -193,6 +193,35 @@ class RLTrainerConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _samples_what_the_trainer_scores(self) -> RLTrainerConfig:
+        """Training rollouts sampled from a distribution the trainer scores too, or a leave to be off-policy
+        (rlx.algo.support; TRL #6789: a top-p rollout scored over the whole vocabulary is biased by log S)."""
+        flow = self.dataflow_config
+        sampling, lmdeploy = flow.sample_params, self.rollout_config.backend == "lmdeploy"
+        cut = [f for f, on in (("top_k", sampling.top_k), ("top_p", sampling.top_p < 1.0)) if on]
+        biased = [f for f, on in (("repetition_penalty", sampling.repetition_penalty != 1.0),
+                                  ("min_tokens", sampling.min_tokens > 0)) if on]  # fmt: skip
+        named = ", ".join(f"dataflow_config.sample_params.{f} {getattr(sampling, f)}" for f in [*cut, *biased])
+        if lmdeploy and (cut or biased):
+            raise ValueError(
+                f"{named}: LMDeploy returns each token's log-prob before these act, so neither the update nor "
+                "mismatch/* could account for them; sample training rollouts without them with backend 'lmdeploy' "
+                "(or use backend 'transformers')"
+            )
+        if biased and not flow.allow_off_policy_sampling:
+            raise ValueError(
+                f"{named}: training rollouts would sample from another distribution than the policy the trainer "
+                "scores, so every update is off-policy; set dataflow_config.allow_off_policy_sampling: true to accept "
+                "it (mismatch/k3_kl then says by how much, each step)"
+            )
+        if flow.allow_off_policy_sampling and not biased:
+            raise ValueError(
+                "dataflow_config.allow_off_policy_sampling true: no setting of dataflow_config.sample_params samples "
+                "off the policy (repetition_penalty 1, min_tokens 0), so it cannot act; remove it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fits_a_step(self) -> RLTrainerConfig:
         """Settings that ask for more than a step holds: a response per mini-batch at least (fewer rows
         would give fewer optimizer steps than the schedule counts), and with LMDeploy a session long

@@ -65,8 +65,11 @@ def generate(
     """Generate one response per prompt (repeat a prompt to sample a group); prompt ``i`` samples from
     seed ``seed + i`` (or ``seed[i]``) alone, so a response does not depend on the batch it was generated in.
 
-    Log-probs are ``log_softmax(logits / temperature)`` of the sampled token, the distribution the
-    trainer recomputes (greedy uses temperature 1).
+    Log-probs are those of the distribution each token was sampled from: ``log_softmax(logits /
+    temperature)`` (greedy: temperature 1), cut to the top-k / top-p support and renormalised where
+    those are set (rlx.algo.support, which the trainer scores with too), and with any repetition
+    penalty or min_tokens suppression in it (which the trainer cannot score: the config refuses them in
+    training rollouts unless told they may be off-policy, and mismatch/* then says by how much).
     """
     kwargs = generation_kwargs(tokenizer, params)
     temperature = 1.0 if is_greedy(params) else params.temperature
@@ -76,10 +79,10 @@ def generate(
     seeds = row_seeds(seed, len(prompt_ids))
     for start in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[start : start + batch_size]
-        sampling = [] if is_greedy(params) else [RowSeededSampling(params, seeds[start : start + len(chunk)])]
-        results.extend(
-            _generate_batch(model, tokenizer, chunk, {**kwargs, "logits_processor": sampling}, temperature, params)
-        )
+        sampling = None if is_greedy(params) else RowSeededSampling(params, seeds[start : start + len(chunk)])
+        processors = [sampling] if sampling else []
+        outputs = _generate_batch(model, tokenizer, chunk, {**kwargs, "logits_processor": processors}, temperature)
+        results.extend(_generations(tokenizer, chunk, *outputs, sampling, params))
     model.train(was_training)
     return results
 
@@ -93,6 +96,7 @@ class RowSeededSampling(LogitsProcessor):
 
     def __init__(self, params: SampleParams, seeds: Sequence[int]):
         self.seeds, self.generators = list(seeds), None
+        self.sampled_logprobs: list[torch.Tensor] | None = [] if warped(params) else None
         self.warpers = [TemperatureLogitsWarper(params.temperature)]
         if params.top_k:
             self.warpers.append(TopKLogitsWarper(top_k=params.top_k))
@@ -106,10 +110,21 @@ class RowSeededSampling(LogitsProcessor):
             scores = warp(input_ids, scores)
         race = torch.stack([torch.empty_like(scores[0]).exponential_(generator=g) for g in self.generators])
         race.clamp_(min=torch.finfo(race.dtype).tiny)  # a draw of exactly 0 would pick a token of probability 0
-        return scores - race.log()  # greedy decoding takes the argmax: the row's sample
+        raced = scores - race.log()  # greedy decoding takes the argmax: the row's sample
+        if self.sampled_logprobs is not None:  # the processors before this one (penalty, min length) included
+            picked = raced.argmax(dim=-1, keepdim=True)
+            self.sampled_logprobs.append(torch.log_softmax(scores.float(), dim=-1).gather(-1, picked).squeeze(-1))
+        return raced
 
 
-def _generate_batch(model, tokenizer, chunk, kwargs, temperature, params) -> list[Generation]:
+def warped(params: SampleParams) -> bool:
+    """Whether sampling departs from ``logits / temperature``: then the sampled log-probs are recorded as
+    the tokens are drawn."""
+    return bool(params.top_k) or params.top_p < 1.0 or params.repetition_penalty != 1.0 or params.min_tokens > 0
+
+
+def _generate_batch(model, tokenizer, chunk, kwargs, temperature) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The new tokens of a batch, their log-probs under ``logits / temperature`` and the stop ids."""
     width = max(len(ids) for ids in chunk)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in chunk])
@@ -118,7 +133,14 @@ def _generate_batch(model, tokenizer, chunk, kwargs, temperature, params) -> lis
     new_tokens = out.sequences[:, width:].cpu()
     logits = torch.stack(out.logits, dim=1).float().cpu() / temperature
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-    stops = set(kwargs["eos_token_id"])
+    return new_tokens, token_logprobs, kwargs["eos_token_id"]
+
+
+def _generations(tokenizer, chunk, new_tokens, token_logprobs, stop, sampling, params) -> list[Generation]:
+    """Each row's response up to its end, with the log-probs it was sampled with."""
+    if sampling is not None and sampling.sampled_logprobs is not None:
+        token_logprobs = torch.stack(sampling.sampled_logprobs, dim=1).cpu()
+    pad, stops = tokenizer.pad_token_id, set(stop)
     sampled = new_tokens.tolist()
     ends = [_response_length(response, stops, pad, params.max_tokens) for response in sampled]
     responses = [response[:length] for response, (length, _) in zip(sampled, ends, strict=True)]

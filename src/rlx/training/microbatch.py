@@ -12,7 +12,7 @@ import torch
 from rlx.algo import kl as kl_estimators
 from rlx.algo.correction import importance_weights
 from rlx.algo.losses import aggregate, policy_loss
-from rlx.config import LossConfig, RLTrainerConfig, RolloutCorrectionConfig
+from rlx.config import LossConfig, RLTrainerConfig, RolloutCorrectionConfig, SampleParams
 from rlx.training import distributed
 from rlx.training.trainer import TokenBatch
 
@@ -47,9 +47,9 @@ class Micro:
     token_weights: torch.Tensor | None = None
 
 
-def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, temperature: float, norm_length: int):
+def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, sampling: SampleParams, norm_length: int):
     """The micro-batch's share of its mini-batch loss, and its metrics (scalars, zero for a repeat)."""
-    logp, entropy = trainer.scored(micro.batch, temperature)
+    logp, entropy = trainer.scored(micro.batch, sampling)
     if micro.old_logp is None:  # the batch's only update: the policy has not moved yet (see reuses_old_logprobs)
         micro.old_logp = logp.detach()
         micro.token_weights = correction_weights(loss_cfg.rollout_correction, micro)
@@ -139,7 +139,7 @@ def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer
     """This rank's micro-batches of each mini-batch, with the old (unless reused) and reference
     log-probs computed before any update, and each mini-batch's token count over all ranks."""
     worker, loss_cfg = config.train_worker_cfg, config.train_worker_cfg.loss_cfg
-    temperature = config.dataflow_config.sample_params.temperature or 1.0
+    sampling = config.dataflow_config.sample_params  # the distribution rollouts sampled from
     scores_reference = needs_reference(config)
     lengths = [row["prompt_len"] + row["response_len"] for row in rollouts]
     ranks, me = distributed.world_size(), distributed.rank()
@@ -160,10 +160,8 @@ def prepare_micro_batches(config: RLTrainerConfig, rollouts: list[dict], trainer
             if loss_cfg.mask_truncated:
                 kept = torch.tensor([rollouts[i]["finish_reason"] != "length" for i in indices], dtype=batch.mask.dtype)
                 batch.mask = batch.mask * kept.unsqueeze(-1)
-            old = None if reuses_old_logprobs(config) else trainer.logprobs(batch, temperature)
-            ref = (
-                trainer.reference_logprobs(batch, temperature, lambda: engines.reference) if scores_reference else None
-            )
+            old = None if reuses_old_logprobs(config) else trainer.logprobs(batch, sampling)
+            ref = trainer.reference_logprobs(batch, sampling, lambda: engines.reference) if scores_reference else None
             rollout = rollout_logprobs(rollouts, indices, batch.mask)
             padding = position * ranks + me >= len(everyone)  # a repeat that only keeps the ranks in step
             micros.append(

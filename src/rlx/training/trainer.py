@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlx.config import LRConfig, WorkerConfig
+from rlx.algo.support import entropy as support_entropy
+from rlx.algo.support import support_log_probs
+from rlx.config import LRConfig, SampleParams, WorkerConfig
 from rlx.lineage.fingerprint import fingerprint, tensor_hashes
 from rlx.store import faults
 from rlx.store.artifacts import read_json, write_json
@@ -74,10 +76,11 @@ class TokenBatch:
 
 
 def token_logprobs(
-    model, batch: TokenBatch, temperature: float = 1.0, forward=None
+    model, batch: TokenBatch, sampling: SampleParams | None = None, forward=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each next token and the entropy of each next-token distribution: ``[B, T - 1]`` each,
-    0 before the batch's first response token.
+    0 before the batch's first response token. The distribution is the one rollouts sample from with
+    ``sampling`` (its temperature; its top-k / top-p support, rlx.algo.support); None: the model's own.
 
     Only the positions from the batch's first response token on go through the output head and the
     vocabulary-wide softmax (the model's ``logits_to_keep``, as TRL's GRPOTrainer does): no loss reads
@@ -90,11 +93,21 @@ def token_logprobs(
     start = batch.first_scored if takes_logits_to_keep(model) else 0
     keep = {"logits_to_keep": input_ids.shape[1] - start} if start else {}
     outputs = (forward or model)(input_ids=input_ids, attention_mask=batch.attention_mask.to(device), **keep)
-    logp_all = torch.log_softmax(outputs.logits[:, :-1].float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, start + 1 :].unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
+    targets = input_ids[:, start + 1 :]
+    logp_all, entropy = next_token_distribution(outputs.logits[:, :-1].float(), targets, sampling)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     before = (start, 0)  # the unscored positions, as zeros
     return torch.nn.functional.pad(logp.cpu(), before), torch.nn.functional.pad(entropy.cpu(), before)
+
+
+def next_token_distribution(logits: torch.Tensor, targets: torch.Tensor, sampling: SampleParams | None):
+    """Log-probs over the vocabulary at each position, and their entropy, as rollouts sampled them."""
+    temperature = (sampling.temperature or 1.0) if sampling else 1.0
+    if sampling is None or not (sampling.top_k or sampling.top_p < 1.0):
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        return logp_all, -(logp_all.exp() * logp_all).sum(dim=-1)
+    logp_all = support_log_probs(logits, temperature, sampling.top_k, sampling.top_p, sampled=targets)
+    return logp_all, support_entropy(logp_all)
 
 
 def takes_logits_to_keep(model) -> bool:
@@ -222,24 +235,24 @@ class PolicyTrainer:
         return self.engine.module
 
     @torch.no_grad()
-    def logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
+    def logprobs(self, batch: TokenBatch, sampling: SampleParams | None = None) -> torch.Tensor:
         self.engine.module.eval()
-        return token_logprobs(self.engine.module, batch, temperature)[0]
+        return token_logprobs(self.engine.module, batch, sampling)[0]
 
-    def scored(self, batch: TokenBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def scored(self, batch: TokenBatch, sampling: SampleParams | None) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`token_logprobs` for the loss, the forward run by DeepSpeed's engine: ZeRO-3 counts a step's
         micro-batches there, and without it each backward replaced the gradients of the ones before."""
-        return token_logprobs(self.engine.module, batch, temperature, forward=self.engine)
+        return token_logprobs(self.engine.module, batch, sampling, forward=self.engine)
 
     @torch.no_grad()
-    def reference_logprobs(self, batch: TokenBatch, temperature: float, frozen) -> torch.Tensor:
+    def reference_logprobs(self, batch: TokenBatch, sampling: SampleParams | None, frozen) -> torch.Tensor:
         """The KL reference's log-probs: under LoRA this very module with its adapter switched off (the base,
         without a second copy in memory); otherwise ``frozen()``'s, the frozen base model."""
         if not self.lora:
-            return token_logprobs(frozen(), batch, temperature)[0]
+            return token_logprobs(frozen(), batch, sampling)[0]
         self.engine.module.eval()
         with self.engine.module.disable_adapter():
-            return token_logprobs(self.engine.module, batch, temperature)[0]
+            return token_logprobs(self.engine.module, batch, sampling)[0]
 
     @cached_property
     def model_shape(self) -> ModelShape:

@@ -183,7 +183,6 @@ def attach_weights(correction, micros: list[Micro], advantages: torch.Tensor) ->
 def apply_updates(config: RLTrainerConfig, step: int, minis, trainer, timings: dict) -> dict:
     """One optimizer step per mini-batch (a non-finite one skipped and counted); the update's metrics."""
     loss_cfg, sampling = config.train_worker_cfg.loss_cfg, config.dataflow_config.sample_params
-    temperature = sampling.temperature or 1.0
     totals, updates = defaultdict(float), defaultdict(float)
     skipped, applied_tokens = 0, 0
     timings.update({"time/train/forward_backward": 0.0, "time/train/optimizer": 0.0})
@@ -192,7 +191,7 @@ def apply_updates(config: RLTrainerConfig, step: int, minis, trainer, timings: d
         with clock.part("update") as watch:
             for micro in micros:
                 with timed(timings, "time/train/forward", config.debug):
-                    loss, values = micro_loss(trainer, micro, loss_cfg, temperature, sampling.max_tokens)
+                    loss, values = micro_loss(trainer, micro, loss_cfg, sampling, sampling.max_tokens)
                 with timed(timings, "time/train/backward", config.debug):
                     trainer.backward(loss * distributed.world_size())  # DeepSpeed averages gradients over ranks
                 for name, value in values.items():
