@@ -569,3 +569,37 @@ def test_logs_and_runs_stay_out_of_what_git_dvc_and_the_code_keep(field, place, 
     config = load(PARAMS, [f"{field}={place}"])
     with pytest.raises(UserError, match=rf"^{field} {re.escape(place)} overlaps {re.escape(str(tmp_path))}/"):
         check_overlaps(config, tmp_path)
+
+
+def test_rollouts_sampled_from_other_weights_stop_the_run_before_the_step_is_recorded(
+    inputs, judged_step, tmp_path, monkeypatch
+):
+    """A weight sync that left one tensor wrong (the output head, here): the engine samples from weights that
+    are not the policy the step records. mismatch/k3_kl, the engine's log-probs against the trainer's, is then
+    far past rollout_config.max_mismatch_kl, and the train stage stops with one line, nothing recorded."""
+    import copy
+
+    from rlx.samplers import TransformersSampler
+
+    work_dir = copy_run(judged_step, tmp_path)
+    config = step_config(inputs, work_dir)
+    engines = place_policy(Engines(config, replay, PanelJudging(config)))
+    wrong = copy.deepcopy(engines.policy(0))
+    with torch.no_grad():
+        wrong.get_output_embeddings().weight.mul_(10)
+    sampler = TransformersSampler(wrong, engines.tokenizer, config.rollout_config)
+    monkeypatch.setattr(engines.home, "sampler", lambda step: sampler)
+    for name in ("rollout", "judge"):
+        run_stage(name, config, 1, engines)
+    with pytest.raises(UserError) as stopped:
+        run_stage("train", config, 1, engines)
+    assert re.fullmatch(
+        r"train: step 1's rollouts are mismatch/k3_kl [0-9.]+ from the trainer's log-probs, past "
+        r"rollout_config.max_mismatch_kl 0.1: the rollout engine did not sample from the policy the run records "
+        r"\(a weight sync that failed\?\); nothing of step 1 was recorded. Rerun to resume from step 0, or raise "
+        r"the bound if this mismatch is expected",
+        str(stopped.value),
+    )
+    assert not (work_dir / "step-1" / "update.parquet").exists()
+    engines = place_policy(Engines(step_config(inputs, work_dir, "rollout_config.max_mismatch_kl=null"), replay))
+    assert run_stage("train", engines.config, 1, engines)["mismatch/k3_kl"] > 0.1

@@ -150,6 +150,7 @@ def test_training_rollouts_sampled_off_the_policy_are_refused_unless_allowed(mon
     which the trainer cannot score, needs a leave, and a leave with nothing to allow is refused; LMDeploy
     returns log-probs before any of them act, so it samples training rollouts without them."""
     from helpers import lmdeploy_stand_in
+    from rlx.stages.rollout import off_policy_advice
 
     sample = "dataflow_config.sample_params"
     assert config.load(PARAMS, [f"{sample}.top_p=0.9", f"{sample}.top_k=20"])
@@ -161,7 +162,8 @@ def test_training_rollouts_sampled_off_the_policy_are_refused_unless_allowed(mon
         "off-policy; set dataflow_config.allow_off_policy_sampling: true to accept it (mismatch/k3_kl then says by "
         "how much, each step)"
     )
-    assert config.load(PARAMS, [f"{sample}.min_tokens=2", "dataflow_config.allow_off_policy_sampling=true"])
+    allowed = config.load(PARAMS, [f"{sample}.min_tokens=2", "dataflow_config.allow_off_policy_sampling=true"])
+    assert "min_tokens 2, which the trainer does not score" in off_policy_advice(allowed)  # said as the run starts
     with pytest.raises(ConfigError, match=r"allow_off_policy_sampling true: no setting .* so it cannot act"):
         config.load(PARAMS, ["dataflow_config.allow_off_policy_sampling=true"])
     lmdeploy_stand_in.install(monkeypatch)

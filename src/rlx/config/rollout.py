@@ -150,6 +150,15 @@ class RolloutConfig(Section):
         "on CPU always float32.",
     )
     rollout_max_batch_size: int = Field(1024, gt=0, description="Sequences generated together in one batch.")
+    max_mismatch_kl: float | None = Field(
+        0.1,
+        gt=0,
+        description="rlx addition: the most mismatch/k3_kl (the rollout engine's log-probs against the trainer's for "
+        "the same tokens) a step may show; past it, or non-finite, the run stops before the step is recorded: the "
+        "engine did not sample from the policy the step records (a weight sync that failed). Healthy: 1e-9 on CPU "
+        "(float32), about 1e-3 in bf16 on GPUs (Yao et al., 2025); with max_staleness the policy's lag adds to it "
+        "(2e-3 a step in the demo). A wrong-weights engine gives 1 and more. null: never stop.",
+    )
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="LMDeploy only: passed to its engine config as is."
     )

@@ -22,6 +22,7 @@ from rlx.lineage import dvcdeps
 from rlx.lineage.record import edit_params, fault_point_inside_dvc_writes, repair_dvc_files
 from rlx.run.ahead import staleness_advice
 from rlx.stages import damaged_output
+from rlx.stages.rollout import off_policy_advice
 from rlx.stages.train import clip_cannot_act
 from rlx.store.layout import ITERATION, RunLayout
 
@@ -113,7 +114,7 @@ def set_up(params: Path, overrides: list[str], overridden: RLTrainerConfig) -> t
         dvcdeps.sync(params.parent / "dvc.yaml", config)  # e.g. a dataset added to a dataset_cfg list
     repair_dvc_files(params.parent, RunLayout(config.work_dir))
     ensure_inputs(config)
-    for advice in (clip_cannot_act(config), staleness_advice(config)):
+    for advice in (clip_cannot_act(config), staleness_advice(config), off_policy_advice(config)):
         if advice:
             log.warning(advice)
     return config, first_step_to_run(config, RunLayout(config.work_dir))

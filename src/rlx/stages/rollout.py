@@ -33,6 +33,20 @@ from rlx.store.layout import StepPaths
 draws_random_numbers = False  # every row samples from its own seeded stream: safe in a background thread
 
 
+def off_policy_advice(config: RLTrainerConfig) -> str | None:
+    """What a run that may sample off the policy (``allow_off_policy_sampling``) should hear as it starts."""
+    flow = config.dataflow_config
+    if not flow.allow_off_policy_sampling:
+        return None
+    sampling = flow.sample_params
+    return (
+        f"dataflow_config.allow_off_policy_sampling: training rollouts sample with repetition_penalty "
+        f"{sampling.repetition_penalty} and min_tokens {sampling.min_tokens}, which the trainer does not score, so "
+        "every update is off-policy by as much as mismatch/k3_kl says (past rollout_config.max_mismatch_kl the run "
+        "stops)"
+    )
+
+
 def sampling_seed(config: RLTrainerConfig, step: int) -> int:
     """Each step samples with its own seed, fixed by the run's seed: a rerun draws the same responses."""
     params = config.dataflow_config.sample_params

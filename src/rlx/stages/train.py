@@ -49,6 +49,7 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     engines.make_room_for_training()
     metrics, numbers = update_policy(config, paths, engines, trainer)
     check_weights(config, step, trainer)
+    check_mismatch(config, step, metrics["mismatch/k3_kl"])
     with clock.part("fingerprint") as watch:
         weights = trainer.fingerprint()
     metrics["time/fingerprint"] = watch.seconds
@@ -98,6 +99,19 @@ def check_weights(config: RLTrainerConfig, step: int, trainer) -> None:
             f"train: step {step}'s update left non-finite weights (parameter {bad}); nothing of step {step} was "
             f"recorded, step {step - 1} is the last good one. Lower train_worker_cfg.optim_cfg.lr "
             f"(now {config.train_worker_cfg.optim_cfg.lr}), then rerun"
+        )
+
+
+def check_mismatch(config: RLTrainerConfig, step: int, k3_kl: float) -> None:
+    """Stop before a step is recorded whose rollouts the engine sampled from other weights than the trainer
+    scored them with: the lineage would name a policy that did not generate them (verl #6967, miles #862)."""
+    bound = config.rollout_config.max_mismatch_kl
+    if bound is not None and not k3_kl <= bound:  # (a NaN is past every bound)
+        raise UserError(
+            f"train: step {step}'s rollouts are mismatch/k3_kl {k3_kl:.3g} from the trainer's log-probs, past "
+            f"rollout_config.max_mismatch_kl {bound}: the rollout engine did not sample from the policy the run "
+            f"records (a weight sync that failed?); nothing of step {step} was recorded. Rerun to resume from step "
+            f"{step - 1}, or raise the bound if this mismatch is expected"
         )
 
 
