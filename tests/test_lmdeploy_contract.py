@@ -9,8 +9,11 @@ Without the unpacked release these tests skip, unless ``RLX_LMDEPLOY_REQUIRED=1`
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +99,15 @@ BEHAVIOURS = [
      "PytorchEngineConfig.adapters at start): rlx sends a LoRA policy as merged weights"),
     ("lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent", absent(r"def \w*(adapter|lora)\w*\("),
      "nor has its model agent: its update_params takes plain weights by the model's names"),
+    ("lmdeploy.pytorch.engine.engine", "Engine.sleep",
+     ordered(r"self\._cancel_and_end_all_sessions\(\)", r"await self\.executor\.sleep\(level\)"),
+     "a sleep ends every session before it frees the KV cache, so the prefix trie is the only holder of the blocks "
+     "rlx then evicts (rlx.samplers.lmdeploy_backend.drop_prefix_cache)"),
+    ("lmdeploy.pytorch.engine.engine", "Engine.sleep", absent(r"block_trie|evict|prefix"),
+     "a sleep still leaves the prefix trie as it was (LMDeploy #4917): when a release clears it itself, rlx's "
+     "eviction after the sleep is redundant and can go"),
+    ("lmdeploy.pytorch.engine.engine", "Engine.wakeup", absent(r"block_trie|evict|prefix"),
+     "a wakeup still leaves the prefix trie as it was (LMDeploy #4917)"),
     ("lmdeploy.pytorch.engine.engine", "Engine.wakeup",
      ordered(r"if not self\._sleeping_tags:\s+# enable ADD_MESSAGE and ADD_SESSION\s+self\._unblock_new_inputs\(\)"),
      "requests are accepted again only once weights and KV cache are both awake"),
@@ -121,3 +133,16 @@ def test_the_engine_settings_the_gpu_check_sweeps_are_fields_of_the_releases_eng
     fields = lmdeploy_source.fields(lmdeploy_source.definition(release, "lmdeploy", "PytorchEngineConfig"))
     swept = {name for setting in ENGINE_SWEEP.values() for name in setting.get("extra_engine_args", {})}
     assert swept and swept <= set(fields), sorted(swept - set(fields))
+
+
+def test_after_a_sleep_no_prefix_cached_before_it_is_served(release):
+    """LMDeploy 0.18.0's own scheduler and trie, run on CPU (tests/helpers/lmdeploy_prefix_cache.py): a
+    53-token prompt prefilled, its session ended as a sleep ends every one, then the same prompt again is
+    served 48 tokens from blocks a level-2 sleep has zeroed (LMDeploy #4917). After rlx's eviction every
+    block is free and the prompt scores no hit."""
+    done = subprocess.run(
+        [sys.executable, "-m", "helpers.lmdeploy_prefix_cache", str(release.resolve())],
+        cwd=ROOT / "tests", capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"hits_kept": 48, "freed": 3, "free_blocks": 16, "hits_after": 0}

@@ -186,8 +186,8 @@ def test_lmdeploy_sampler_sends_token_ids_and_gets_ids_logprobs_and_finish(stand
 
 
 def test_lmdeploy_weight_update_follows_lmdeploy_protocol(stand_in, small, monkeypatch):
-    """sleep (level 2), wake the weights, update in buckets (the last one ``finished``), complete the
-    update, wake the KV cache; the new weights are the ones sampled from afterwards."""
+    """sleep (level 2) and empty the prefix cache, wake the weights, update in buckets (the last one
+    ``finished``), complete the update, wake the KV cache; the new weights are the ones sampled from afterwards."""
     import torch
 
     from rlx.samplers import lmdeploy_backend
@@ -200,6 +200,7 @@ def test_lmdeploy_weight_update_follows_lmdeploy_protocol(stand_in, small, monke
     sampler.load_weights(iter(weights.items()))  # pairs, read as they are sent (merged LoRA weights are made so)
     assert stand_in.CALLS == [
         ("sleep", 2),
+        ("evict", 16),  # every block the scheduler has (tests/test_lmdeploy_contract.py runs the real eviction)
         ("wakeup", ["weights"]),
         ("update_params", False),
         ("update_params", True),

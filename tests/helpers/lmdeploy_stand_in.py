@@ -49,6 +49,9 @@ REAL = {
     "ExecutorBase": "lmdeploy.pytorch.engine.executor.base",
     "UniExecutor": "lmdeploy.pytorch.engine.executor.uni_executor",
     "BaseModelAgent": "lmdeploy.pytorch.engine.model_agent.agent",
+    "Scheduler": "lmdeploy.pytorch.paging.scheduler",
+    "BaseBlockManager": "lmdeploy.pytorch.paging.block_manager.base_block_manager",
+    "BlockTrie": "lmdeploy.pytorch.paging.block_trie.trie",
     "serialize_state_dict": "lmdeploy.utils",
 }
 
@@ -235,9 +238,32 @@ class UniExecutor(ExecutorBase):
         self.model_agent.wakeup(tags)
 
 
+class BaseBlockManager:
+    def __init__(self, num_gpu_blocks: int):
+        self.num_gpu_blocks = num_gpu_blocks
+
+
+class BlockTrie:
+    """The prefix cache's trie: only what rlx asks of it (the real one is run in tests/test_lmdeploy_contract.py)."""
+
+    def __init__(self):
+        self.enabled = True
+
+    def evict(self, max_num_blocks: int):
+        CALLS.append(("evict", max_num_blocks))
+        return 0
+
+
+class Scheduler:
+    def __init__(self):
+        self.block_manager = BaseBlockManager(16)
+        self.block_trie = BlockTrie()
+
+
 class Engine:
     def __init__(self):
         self.executor = UniExecutor()
+        self.scheduler = Scheduler()
 
     async def sleep(self, level: int = 1):
         CALLS.append(("sleep", level))

@@ -6,7 +6,8 @@ response in pieces (its stop token last, alone), each with the log-prob of every
 The engine is started once and kept: before the trainer uses the GPU it sleeps (level 2: weights
 and KV cache freed); a new policy goes in by LMDeploy's own protocol, read from 0.18.0's source:
 wake the weights, ``update_params`` (the last bucket ``finished``), ``complete_weights_update``,
-wake the KV cache. No restart per step.
+wake the KV cache. No restart per step. The sleep also empties the prefix cache (:func:`drop_prefix_cache`),
+which 0.18.0 keeps across it over a KV cache woken as zeros.
 
 Two facts of 0.18.0 shape the update. The single-GPU executor (``UniExecutor``) has no
 ``update_params`` (only the Ray one does), so requests go to its model agent, which runs in this
@@ -156,6 +157,15 @@ def in_process_payload(bucket: Mapping[str, torch.Tensor]) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def drop_prefix_cache(scheduler) -> int:
+    """Free every block of a sleeping engine's prefix cache; how many. 0.18.0's sleep frees the KV cache and
+    wakes it as zeros, but its scheduler's trie of cached prefixes stays: after a weight update, a prompt whose
+    first full block matches one cached before would reuse that block, now zeros, and generate wrongly without
+    an error (LMDeploy #4917; its fix, #4918, was closed unmerged). Its own eviction, asked for every block,
+    frees them all: the sleep has ended every session, so the trie is their only holder."""
+    return scheduler.block_trie.evict(scheduler.block_manager.num_gpu_blocks)
+
+
 class LMDeploySampler:
     """An LMDeploy pipeline kept for the whole run; :meth:`load_weights` moves it to a new policy."""
 
@@ -233,9 +243,11 @@ class LMDeploySampler:
         return asyncio.run_coroutine_threadsafe(every(), self.pipe.internal_thread.loop)
 
     def sleep(self) -> None:
-        """Free the weights and the KV cache (level 2) while the trainer uses the GPU."""
+        """Free the weights and the KV cache (level 2) while the trainer uses the GPU, and every prefix the
+        cache held: they belong to the policy before the update."""
         if not self.engine.is_sleeping:
             self._run(self.engine.sleep(level=2))
+            self._call(drop_prefix_cache, self.engine.engine.scheduler)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Put a new policy, ``(name, tensor)`` pairs by the HF model's names, into the running engine by
