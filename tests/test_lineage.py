@@ -327,3 +327,52 @@ def test_a_metrics_files_mark_is_no_column_of_dvc_metrics_show(tmp_path):
     (tmp_path / "warm_start.json").write_text(json.dumps(written))
     assert made_by(tmp_path / "warm_start.json") == "rlx init-model"
     assert _extract_metrics(written, "warm_start.json") == {"held_out_accuracy": 0.46}
+
+
+def test_each_steps_rollouts_record_the_weights_their_engine_held_and_a_mismatch_is_reported(copy, capsys):
+    """The rollout stage records the digest of the weights its engine sampled with beside the policy's
+    fingerprint (here the sampler is the policy's own module: the two are one); `rlx show` names a step whose
+    two differ."""
+    metrics = copy / "runs/demo/step-2/rollout_metrics.json"
+    record = json.loads(metrics.read_text())
+    assert record["rollout/engine_digest"] == read_json(copy / "runs/demo/step-1/fingerprint.json")["digest"]
+    code, out, _ = rlx(["show", "runs/demo", "--step", "3"], copy, capsys)
+    assert code == 0 and "sampled with weights" not in out
+    metrics.write_text(json.dumps(record | {"rollout/engine_digest": "0" * 64}))
+    code, out, _ = rlx(["show", "runs/demo", "--step", "3"], copy, capsys)
+    assert code == 0
+    assert "step 2: its rollouts were sampled with weights 000000000000, not the policy of step 1 the run" in out
+
+
+def test_a_weight_sync_that_skips_or_garbles_a_tensor_is_caught_before_any_rollout(copy, monkeypatch):
+    """A rollout worker's copy (rlx.workers.worker): NaN before its first policy, then each tensor checked
+    against the one sent and the whole against the policy's recorded fingerprint, naming the tensor."""
+    from rlx.config import load
+    from rlx.engines import Engines
+    from rlx.errors import UserError
+    from rlx.workers.worker import proven_copy
+
+    monkeypatch.chdir(copy)
+    config = load(copy / "runs/demo/config.yaml", ["work_dir=runs/demo"])
+    paths, sent = RunLayout(config.work_dir).step(0), dict(Engines(config).policy(0).state_dict())
+    engines = Engines(config)
+    engines.take_policy(0, sent)
+    assert (
+        proven_copy("rollout worker 0", engines.policy(0), sent, paths)
+        == read_json(paths.weights_fingerprint)["digest"]
+    )
+    garbled = {name: tensor + 1e-3 if name == "model.norm.weight" else tensor for name, tensor in sent.items()}
+    engines.take_policy(0, garbled)
+    with pytest.raises(UserError, match=r"rollout worker 0: the policy of step 0 it was sent is not the one the run "
+                       r"recorded \(parameter model.norm.weight differs\): the weight sync failed"):  # fmt: skip
+        proven_copy("rollout worker 0", engines.policy(0), garbled, paths)
+    fresh, loader = Engines(config), torch.nn.Module.load_state_dict
+
+    def skipping(model, weights):  # a loader that drops one tensor and says nothing
+        return loader(model, {n: t for n, t in weights.items() if n != "model.norm.weight"}, strict=False)
+
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", skipping)
+    fresh.take_policy(0, sent)  # the one it skipped stays NaN, never the base's value
+    assert fresh.policy(0).get_parameter("model.norm.weight").isnan().all()
+    with pytest.raises(UserError, match=r"\(parameter model.norm.weight differs from the one sent\)"):
+        proven_copy("rollout worker 0", fresh.policy(0), sent, paths)

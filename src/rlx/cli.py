@@ -317,7 +317,7 @@ def show(
     """A step's responses, one line each at any terminal width: group.sample, question, response, the
     answer read from it and the gold, reward and advantage; the finish reason, how many
     updates stale the generating policy was (dataflow_config.max_staleness) and an agent's turns and calls
-    where they say something."""
+    where they say something. First, any step whose rollouts' engine held other weights than its policy."""
     from rlx.explore import Run, response_table
 
     explored = Run(run)
@@ -325,6 +325,8 @@ def show(
         if not explored.steps():
             raise UserError(f"{run}: no step has finished yet; give one with --step")
         step = explored.steps()[-1]
+    for problem in explored.unproven_rollouts():
+        console.print(f"[bold red]{problem}[/]", highlight=False, soft_wrap=True)
     samples = explored.samples(step)
     title = f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}"
     console.print(response_table(samples.head(rows).to_dict("records"), title))

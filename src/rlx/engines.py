@@ -121,9 +121,13 @@ class Engines:
 
     def take_policy(self, step: int, weights: dict) -> None:
         """Hold ``weights`` as the policy after ``step`` steps: what a rollout worker is given by the trainer,
-        loaded into a model of the base's shape made on first use."""
+        loaded into a model of the base's shape made on first use, its parameters NaN until then, so that a
+        tensor the sync missed cannot pass for the base's (miles' check-weight-update-equal)."""
         if self._policy is None:
             self._policy = self.blank_policy()
+            with torch.no_grad():
+                for parameter in self._policy.parameters():
+                    parameter.fill_(float("nan"))
         self._policy.load_state_dict(weights)
         self._policy_step = step
 

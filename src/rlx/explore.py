@@ -24,13 +24,13 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from rlx.config import staleness
+from rlx.config import rollout_policy_step, staleness
 from rlx.debugging import quiet_libraries
 from rlx.errors import UserError, first_line
 from rlx.judgers.rows import VERDICT
 from rlx.store.artifacts import read_json
 from rlx.store.integrity import file_hash, first_changed
-from rlx.store.layout import RunLayout
+from rlx.store.layout import RunLayout, read_record
 from rlx.store.targets import FOLDER_MARK
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,21 @@ class Run:
         if not isinstance(config, dict):
             raise UserError(damaged.format("not a mapping"))
         return config
+
+    def unproven_rollouts(self) -> list[str]:
+        """Each step whose rollouts the engine sampled with other weights than the policy the run records for
+        them (the engine's digest, recorded by the rollout stage, against the policy's fingerprint)."""
+        lag, problems = self.config().get("dataflow_config", {}).get("max_staleness", 0), []
+        for step in self.steps():
+            held = read_record(self.layout.step(step).metrics("rollout")).get("rollout/engine_digest")
+            policy = rollout_policy_step(step, lag)
+            recorded = read_json(self.layout.step(policy).weights_fingerprint)["digest"]
+            if held and held != recorded:
+                problems.append(
+                    f"step {step}: its rollouts were sampled with weights {held[:12]}, not the policy of step {policy} "
+                    f"the run records ({recorded[:12]})"
+                )
+        return problems
 
     def history(self) -> pd.DataFrame:
         """One row per completed step (step 0: the base policy's evaluation), every logged metric a column."""

@@ -150,6 +150,13 @@ class RolloutConfig(Section):
         "on CPU always float32.",
     )
     rollout_max_batch_size: int = Field(1024, gt=0, description="Sequences generated together in one batch.")
+    weight_sync_timeout: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="rlx addition: seconds a rollout engine (LMDeploy, a bucket at a time; rollout workers) may take "
+        "to take a new policy's weights; past it the run stops, naming the engine, instead of hanging.",
+    )
     max_mismatch_kl: float | None = Field(
         0.1,
         gt=0,

@@ -82,10 +82,15 @@ def fingerprint(module: torch.nn.Module, like: dict | None = None, frozen: dict 
             frozen[name] = table[name]
     return {
         "digest": hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest(),
-        "names": hashlib.sha256(json.dumps(list(table)).encode()).hexdigest()[:16],
+        "names": names_hash(list(table)),
         "dtypes": [[dtype, len(list(run))] for dtype, run in itertools.groupby(entry[0] for entry in table.values())],
         "tensors": "".join(short_hash(entry) for entry in table.values()),
     }
+
+
+def names_hash(names: list[str]) -> str:
+    """A fingerprint's ``names``: which parameters, in which order (rlx.lineage.fingerprint.parameter_names)."""
+    return hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
 
 
 def short_hash(entry: list) -> str:

@@ -28,6 +28,7 @@ import io
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -180,21 +181,21 @@ class LMDeploySampler:
         import lmdeploy
 
         self.tokenizer = tokenizer
-        self.backend = config.lmdeploy_backend
+        self.backend, self.sync_timeout = config.lmdeploy_backend, config.weight_sync_timeout
         self.pipe = lmdeploy.pipeline(str(policy_dir), backend_config=engine_config(config, agent), log_level="ERROR")
         self.engine = self.pipe.async_engine
 
-    def _run(self, coroutine):
+    def _run(self, coroutine, timeout: float | None = None):
         """Run a coroutine on the pipeline's own event loop (its engine is bound to that loop)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.pipe.internal_thread.loop).result()
+        return asyncio.run_coroutine_threadsafe(coroutine, self.pipe.internal_thread.loop).result(timeout)
 
-    def _call(self, function, *args):
+    def _call(self, function, *args, timeout: float | None = None):
         """Call one of the engine's plain methods on that loop too, between its own steps."""
 
         async def call():
             return function(*args)
 
-        return self._run(call())
+        return self._run(call(), timeout)
 
     async def _request(self, ids: Sequence[int], options: dict) -> tuple[list[int], list, str | None]:
         import lmdeploy
@@ -267,8 +268,13 @@ class LMDeploySampler:
                 following = next(groups, None)
                 payload = in_process_payload(bucket)
                 request = UpdateParamsRequest(serialized_named_tensors=payload, finished=following is None)
-                self._call(agent.update_params, request)
+                self._call(agent.update_params, request, timeout=self.sync_timeout)
                 bucket = following
+        except FutureTimeout:
+            raise UserError(
+                f"LMDeploy did not take a bucket of the new policy's weights within {self.sync_timeout} s "
+                "(rollout_config.weight_sync_timeout); rerun `rlx fit` to resume from the last complete step"
+            ) from None
         finally:
             _IN_PROCESS.clear()
         self._call(self.engine.complete_weights_update)

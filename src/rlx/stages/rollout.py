@@ -125,6 +125,7 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
             rows = [row for group in kept[: flow.global_batch_size] for row in group]
         metrics = {"filter/kept_groups": len(kept[: flow.global_batch_size]), "filter/generated_batches": generated}
     seconds = time.perf_counter() - started
+    metrics["rollout/engine_digest"] = engines.rollouts.engine_digest(rollout_policy_step(step, flow.max_staleness))
     write_rows(rows, paths.rollouts)
     lengths = [row["response_len"] for row in rows]
     lags = [staleness(row) for row in rows]

@@ -127,18 +127,25 @@ class ActorGroup:
         place = self.places[rank]
         return f"{self.name} {rank} (node {place['node']}, pid {place['pid']})"
 
-    def call_each(self, method: str, arguments: list[tuple], what: str, background: bool = False) -> list:
+    def call_each(
+        self, method: str, arguments: list[tuple], what: str, background: bool = False, timeout: float | None = None
+    ) -> list:
         """``method`` on every actor, actor ``r`` given ``arguments[r]``; their results in rank order.
-        The first failure ends the wait (the others may be blocked in a collective with the failed one).
+        The first failure ends the wait (the others may be blocked in a collective with the failed one), as
+        does ``timeout`` seconds without every answer (a hung call is named, not waited for forever).
         A ``background`` call runs in the actors' :data:`BACKGROUND` group, beside their other calls, and
         is not counted in the step's actor time, which it overlaps."""
         group = {"concurrency_group": BACKGROUND} if background else {}
         calls = zip(self.actors, arguments, strict=True)
         pending = [actor.timed.options(**group).remote(method, *args) for actor, args in calls]
         ranks = {ref: rank for rank, ref in enumerate(pending)}
-        timed = {}
+        timed, deadline = {}, None if timeout is None else time.monotonic() + timeout
         while pending:
-            ready, pending = self.ray.wait(pending, num_returns=1)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                late = ", ".join(self.described(ranks[ref]) for ref in pending)
+                raise UserError(f"{what}: {late} did not answer within {timeout} s; rerun `rlx fit` to resume")
             timed[ranks[ready[0]]] = self.checked_result(ready[0], ranks[ready[0]], what)
         results = [timed[rank][0] for rank in range(len(self.actors))]
         if not background:
@@ -160,8 +167,8 @@ class ActorGroup:
                 f"{self.described(rank)} died during {what}; rerun `rlx fit` to resume from the last complete step"
             ) from None
 
-    def call(self, method: str, *args, what: str, background: bool = False) -> list:
-        return self.call_each(method, [args] * len(self.actors), what, background)
+    def call(self, method: str, *args, what: str, background: bool = False, timeout: float | None = None) -> list:
+        return self.call_each(method, [args] * len(self.actors), what, background, timeout)
 
     def take_counters(self) -> dict[str, float]:
         """Since the last call: the seconds of the slowest actor of each call, and the bytes of the calls'

@@ -27,7 +27,7 @@ from rlx.samplers.types import row_seeds
 from rlx.stages.train import replay
 from rlx.workers.actors import ActorGroup, as_arrays
 from rlx.workers.cluster import ray_instance, worker_bundle
-from rlx.workers.home import place_policy
+from rlx.workers.home import own_module_digest, place_policy
 from rlx.workers.judges import JudgePool
 from rlx.workers.worker import RolloutWorker, Worker
 
@@ -104,6 +104,7 @@ class WorkerGroup(ActorGroup):
         port = ray.get(self.actors[0].rendezvous_port.remote())
         self.call("join", self.places[0]["node"], port, what="start-up")
         self.writing: int | None = None  # the step whose checkpoint the ranks are writing
+        self.config = config
 
     def run(self, name: str, step: int) -> dict:
         """Stage ``name`` of ``step`` on every rank; rank 0's metrics, as one process would give them."""
@@ -140,6 +141,10 @@ class WorkerGroup(ActorGroup):
     def sampler(self, step: int) -> GroupSampler:
         return GroupSampler(self, step)
 
+    def engine_digest(self, step: int) -> str:
+        """Each rank samples from the module it trains, as one process does."""
+        return own_module_digest(self.config, step)
+
 
 class RolloutPool(ActorGroup):
     """The rollout workers placed apart from the trainers (``resources.num_rollout_workers``), each with
@@ -152,16 +157,20 @@ class RolloutPool(ActorGroup):
             ray, RolloutWorker, "rollout worker", worker_bundle(config), count, resources.pg_pack_strategy, arguments
         )
         self.held: int | None = None
+        self.digests: dict[int, str] = {}  # policy step -> the digest of the weights the engines proved they hold
+        self.sync_timeout = config.rollout_config.weight_sync_timeout
 
     def zeroed(self) -> dict[str, float]:
         return super().zeroed() | {"time/policy_send": 0.0}
 
     def hold(self, step: int, weights) -> None:
         """Give every rollout worker the policy after ``step`` steps (its weights, or a reference to them),
-        put in the object store once for all of them; the driver's wait is counted in ``time/policy_send``."""
+        put in the object store once for all of them, each proving it holds them (rlx.workers.worker.proven_copy)
+        within ``rollout_config.weight_sync_timeout``; the driver's wait is counted in ``time/policy_send``."""
         started = time.perf_counter()
         ref = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(as_arrays(weights))
-        self.call("hold", step, ref, what=f"loading the policy of step {step}")
+        what = f"loading the policy of step {step}"
+        (self.digests[step],) = set(self.call("hold", step, ref, what=what, timeout=self.sync_timeout))
         self.held = step
         self.counters["time/policy_send"] += time.perf_counter() - started
 

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Protocol
 
 from rlx import clock
+from rlx.config import RLTrainerConfig
 from rlx.engines import Engines
 from rlx.lineage.fingerprint import fingerprint
 from rlx.samplers import Sampler
 from rlx.stages import module
+from rlx.store.artifacts import read_json
+from rlx.store.layout import RunLayout
 from rlx.training import lora
 from rlx.training.loading import save_policy
 
@@ -49,6 +52,19 @@ class PolicyHome(Protocol):
 
     def take_counters(self) -> dict[str, float]:
         """What it counted since last asked (time in actors, bytes through the driver)."""
+
+    def engine_digest(self, step: int) -> str:
+        """The digest of the weights its engines sampled the policy after ``step`` steps with ("" where they are
+        not read back), which the rollout stage records beside the policy's."""
+
+
+def own_module_digest(config: RLTrainerConfig, step: int) -> str:
+    """The digest of an engine that samples from the policy's own module (no copy; a checkpoint loaded is
+    checked as it loads, rlx.training.restore): the one the run recorded for the policy after ``step`` steps.
+    LMDeploy holds a copy of its own, not read back here (its modules are not the HF model's): ""."""
+    if config.rollout_config.backend != "transformers":
+        return ""
+    return read_json(RunLayout(config.work_dir).step(step).weights_fingerprint)["digest"]
 
 
 class InProcess:
@@ -88,6 +104,9 @@ class InProcess:
     def take_counters(self) -> dict[str, float]:
         return {}
 
+    def engine_digest(self, step: int) -> str:
+        return own_module_digest(self.config, step)
+
 
 class ApartRollouts:
     """Training rollouts from rollout workers placed apart from the policy's home (rlx.workers.group.RolloutPool),
@@ -106,6 +125,10 @@ class ApartRollouts:
 
     def take_counters(self) -> dict[str, float]:
         return self.pool.take_counters()
+
+    def engine_digest(self, step: int) -> str:
+        """What the rollout workers proved they hold (rlx.workers.worker.proven_copy)."""
+        return self.pool.digests[step]
 
 
 def place_policy(engines: Engines, group: PolicyHome | None = None, apart=None) -> Engines:

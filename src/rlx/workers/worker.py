@@ -10,10 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
+import torch
+
 from rlx.config import RLTrainerConfig, SampleParams
 from rlx.engines import Engines
+from rlx.errors import UserError
+from rlx.lineage.fingerprint import fingerprint, first_difference, names_hash, parameter_names
 from rlx.samplers.types import Generation
 from rlx.stages import reseed
+from rlx.store.artifacts import read_json
 from rlx.store.background import BackgroundWriter
 from rlx.training.distributed import free_port
 from rlx.workers.actors import Actor, as_arrays, as_tensors
@@ -29,14 +34,37 @@ class RolloutWorker(Actor):
         self.config, self.engines = config, place_policy(Engines(config, replay))
         self.home = self.engines.home
 
-    def hold(self, step: int, arrays: dict) -> None:
-        """Sample from now on from the policy after ``step`` steps, sent as rlx.workers.actors.as_arrays."""
-        self.engines.take_policy(step, as_tensors(arrays))
+    def hold(self, step: int, arrays: dict) -> str:
+        """Sample from now on from the policy after ``step`` steps, sent as rlx.workers.actors.as_arrays; the
+        digest of the weights this engine then holds, once proven to be that policy's."""
+        sent = as_tensors(arrays)
+        self.engines.take_policy(step, sent)
+        return proven_copy(self.label, self.engines.policy(step), sent, self.engines.layout.step(step))
 
     def generate(self, step: int, prompt_ids: Sequence[Sequence[int]], params: SampleParams, seed: Sequence[int]):
         """This worker's share of a rollout or evaluation, sampled from the policy after ``step`` steps."""
         generations: list[Generation] = self.home.sampler(step).generate(prompt_ids, params, seed=seed)
         return generations
+
+
+def proven_copy(label: str, held, sent: dict, paths) -> str:
+    """The digest of the engine's copy ``held``, once each of its tensors equals the one ``sent`` and, for a
+    plain model, its fingerprint equals the one the run recorded for that policy (a LoRA policy is recorded
+    as its adapter, and sent merged): a sync that missed or garbled a tensor stops here, naming it."""
+    states, names = held.state_dict(), parameter_names(held)
+    wrong = next((name for name, tensor in sent.items() if not torch.equal(states[name], tensor)), None)
+    recorded = read_json(paths.weights_fingerprint)
+    same_parameters = recorded["names"] == names_hash(names)
+    actual = fingerprint(held, like=recorded if same_parameters else None)
+    problem = f"parameter {wrong} differs from the one sent" if wrong else None
+    if problem is None and same_parameters:
+        problem = first_difference(recorded, actual, names)
+    if problem:
+        raise UserError(
+            f"{label}: the policy of step {paths.number} it was sent is not the one the run recorded ({problem}): "
+            "the weight sync failed; rerun `rlx fit` to resume from the last complete step"
+        )
+    return actual["digest"]
 
 
 class Worker(RolloutWorker):
