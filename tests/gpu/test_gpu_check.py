@@ -235,6 +235,44 @@ def test_weight_sync_after_one_bf16_update(qwen_shaped):
     assert synced["mismatch/k3_kl"] < 1e-2
 
 
+def long_questions(tokenizer, count: int) -> list[list[int]]:
+    """Prompts of at least 129 tokens (two of LMDeploy's 64-token blocks and more), each different from its
+    first block on, so that none is served from another's cache."""
+    texts = [" ".join([f"What is {a} + {a + 1}?"] * 16) for a in range(count)]
+    prompts = [prompt_ids(tokenizer, [{"role": "user", "content": text}]) for text in texts]
+    assert min(len(ids) for ids in prompts) >= 129
+    return prompts
+
+
+def test_no_prefix_cached_before_a_weight_sync_is_served_after_it(qwen_shaped):
+    """Prefix caching on (as for agent rollouts): the same long prompts before and after one bf16 update,
+    sent as `rlx fit` sends it. After the sync no token comes from the cache of the old weights (LMDeploy
+    #4917; rlx.samplers.lmdeploy_backend.drop_prefix_cache) and the log-probs agree with the trainer's."""
+    from rlx.samplers.lmdeploy_backend import LMDeploySampler
+
+    cfg, _, tokenizer = qwen_shaped
+    folder = cfg.tiny_model.output_dir
+    release_gpu()
+    sampler = LMDeploySampler(folder, tokenizer, engine_pace.rollout_config(), agent=True)
+    try:
+        policy, prompts = load_policy(folder, "bfloat16"), long_questions(tokenizer, 16)
+        greedy = SampleParams(max_tokens=16, temperature=0.0, do_sample=False)
+        before = sampler.generate(prompts, greedy, seed=0)
+        batch = TokenBatch.from_ids(prompts, [g.response_ids for g in before], tokenizer.pad_token_id)
+        loss = -(token_logprobs(policy, batch)[0] * batch.mask).sum() / batch.mask.sum()
+        loss.backward()
+        torch.optim.AdamW(policy.parameters(), lr=1e-3).step()
+        sampler.load_weights(policy.state_dict().items())
+        trie = sampler.engine.engine.scheduler.block_trie
+        trie.stats.reset()
+        synced = agreement(policy, sampler.generate(prompts, greedy, seed=0), tokenizer.pad_token_id)
+        hits = trie.stats.num_hit_tokens
+    finally:
+        closed(sampler)
+    REPORT["prefix_cache_after_sync"] = {"hit_tokens": hits, "after_sync": synced}
+    assert hits == 0 and synced["mismatch/k3_kl"] < 1e-2
+
+
 def test_a_lora_policy_syncs_as_merged_weights(qwen_shaped):
     """A LoRA policy (peft, rank 16 on every linear layer) after one bf16 update of its adapter reaches
     the running engine as merged weights (``rlx.training.lora.full_weights``); LMDeploy's log-probs then agree
