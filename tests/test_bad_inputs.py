@@ -421,10 +421,15 @@ def judged_step(inputs, untrained_model, tmp_path_factory) -> Path:
     """A work_dir whose step 1 is prepared, rolled out and judged (train not yet run), on the real stages."""
     work_dir = tmp_path_factory.mktemp("judged") / "run"
     config = step_config(inputs, work_dir)
-    engines = place_policy(Engines(config, replay, PanelJudging(config)))
+    engines = engines_here(config)
     for name in ("base", "prepare", "rollout", "judge"):
         run_stage(name, config, 1, engines)
     return work_dir
+
+
+def engines_here(config):
+    """What `rlx fit` keeps warm for a run without actors (rlx.workers.group.warm_engines)."""
+    return place_policy(Engines(config, replay, PanelJudging(config)))
 
 
 def step_config(inputs: dict, work_dir: Path, *overrides: str):
@@ -478,7 +483,7 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
         f"train_worker_cfg.deepspeed.zero_stage={zero_stage}",
     )
     norm = "inf" if zero_stage else "nan"  # ZeRO reports the norm it refused; without ZeRO none is computed
-    engines = place_policy(Engines(config, replay))
+    engines = engines_here(config)
     trainer = engines.trainer(0)
     weights = {k: v.clone() for k, v in trainer.module.state_dict().items()}
     optimizer = optimizer_state(trainer)
@@ -492,7 +497,7 @@ def test_nonfinite_loss_skips_the_update_and_too_many_in_a_row_stop_the_run(
     assert trainer.state["nonfinite_in_a_row"] == 1
 
     # The count survives a restart (a fresh Engines re-creates step 1 by replay): the next skip is the second.
-    engines = place_policy(Engines(config, replay))
+    engines = engines_here(config)
     for name in ("prepare", "rollout", "judge"):
         run_stage(name, config, 2, engines)
     with pytest.raises(UserError) as stopped:
@@ -542,7 +547,7 @@ def test_disk_full_while_saving_a_checkpoint_keeps_the_previous_one(inputs, judg
         target = (SnapshotCheckpointEngine, "write", lambda self, states, folder: disk_full(folder))
     work_dir = copy_run(judged_step, tmp_path)
     config = step_config(inputs, work_dir, "checkpoint_interval=1")
-    engines = place_policy(Engines(config, replay))
+    engines = engines_here(config)
     for name, step in (("checkpoint", 0), ("train", 1)):
         run_stage(name, config, step, engines)
     monkeypatch.setattr(*target, disk_full)
@@ -583,7 +588,7 @@ def test_rollouts_sampled_from_other_weights_stop_the_run_before_the_step_is_rec
 
     work_dir = copy_run(judged_step, tmp_path)
     config = step_config(inputs, work_dir)
-    engines = place_policy(Engines(config, replay, PanelJudging(config)))
+    engines = engines_here(config)
     wrong = copy.deepcopy(engines.policy(0))
     with torch.no_grad():
         wrong.get_output_embeddings().weight.mul_(10)
@@ -601,5 +606,5 @@ def test_rollouts_sampled_from_other_weights_stop_the_run_before_the_step_is_rec
         str(stopped.value),
     )
     assert not (work_dir / "step-1" / "update.parquet").exists()
-    engines = place_policy(Engines(step_config(inputs, work_dir, "rollout_config.max_mismatch_kl=null"), replay))
+    engines = engines_here(step_config(inputs, work_dir, "rollout_config.max_mismatch_kl=null"))
     assert run_stage("train", engines.config, 1, engines)["mismatch/k3_kl"] > 0.1
