@@ -87,13 +87,14 @@ def test_the_scan_finds_what_it_looks_for(tmp_path):
 
 @pytest.fixture(scope="module")
 def finished(untrained_model, tmp_path_factory):
-    """A short `rlx fit` (two steps, W&B offline) run with a W&B API key in its environment."""
+    """A short `rlx fit` (one step, the last: it evaluates and exports; W&B offline) run with a W&B API key in
+    its environment."""
     from rlx.run.fit import fit
 
     project = make_project(tmp_path_factory.mktemp("secure"), untrained_model)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WANDB_API_KEY", SECRET)
-        fit(project / "params.yaml", ["rollout_steps=2", *SHORT_ANSWERS])
+        fit(project / "params.yaml", ["rollout_steps=1", *SHORT_ANSWERS])
     return project
 
 
@@ -113,8 +114,8 @@ def test_policies_are_safetensors_and_artifacts_hold_no_pickles(finished):
     policies = {path.parent for path in files if path.name == "config.json"}
     assert {p.relative_to(finished / "runs/demo").as_posix() for p in policies} >= {
         "step-0/policy",
-        "step-2/policy",
-        "hf/step-2",
+        "step-1/policy",
+        "hf/step-1",
     }
     for folder in policies:
         assert list(folder.glob("*.safetensors")), folder
@@ -152,7 +153,7 @@ def test_optimizer_state_loads_weights_only_and_refuses_a_tampered_file(finished
     from rlx.training.trainer import PolicyTrainer
 
     config = load(finished / "params.yaml")
-    step = finished / "runs" / "demo" / "step-2"
+    step = finished / "runs" / "demo" / "step-1"
     calls = []
     real_load = torch.load
 
