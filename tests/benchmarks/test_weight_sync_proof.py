@@ -23,7 +23,7 @@ ROUNDS = 5
 
 @pytest.mark.parametrize("size", ["25M", "200M"])
 def test_proving_the_copy_against_the_sync_it_proves(benchmark, tmp_path, tiny_model, size):
-    project = make_project(tmp_path / "project", tiny_model)
+    project = make_project(tmp_path, tiny_model)
     folder, parameters = random_model(project, size, tmp_path)
     config = load(None, [f"load_from={folder}", f"tokenizer_path={folder}", f"work_dir={tmp_path / 'run'}"])
     paths, sent = RunLayout(config.work_dir).step(0), dict(Engines(config).blank_policy().state_dict())
