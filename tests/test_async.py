@@ -23,7 +23,7 @@ from rlx.explore import Run
 from rlx.lineage.record import edit_params
 from rlx.run.ahead import staleness_advice
 from rlx.run.tracking import read_tracker
-from rlx.store.artifacts import read_rows
+from rlx.store.artifacts import read_json, read_rows
 from rlx.store.layout import RunLayout
 
 pytest.importorskip("ray")
@@ -104,6 +104,8 @@ def test_each_step_records_the_policy_that_generated_it(finished):
         assert tracked[step]["async/staleness/max"] == step - 1 - policy
         lock = yaml.safe_load(gzip.decompress(layout.step(step).lock.read_bytes()))["stages"]["rollout"]
         assert f"runs/demo/step-{policy}/fingerprint.json" in {dep["path"] for dep in lock["deps"]}
+        held = read_json(layout.step(step).metrics("rollout"))["rollout/engine_digest"]  # what the worker proved
+        assert held == read_json(layout.step(policy).weights_fingerprint)["digest"]
     assert all(tracked[step]["time/rollout workers"] > 0 for step in (1, 2))  # step 3 makes none ahead
     for step in range(1, STEPS + 1):  # rollouts overlapping in a thread are not parts; the wait for them is
         parts = {name: value for name, value in tracked[step].items() if name.startswith("time/step/")}

@@ -170,8 +170,10 @@ class RolloutPool(ActorGroup):
         started = time.perf_counter()
         ref = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(as_arrays(weights))
         what = f"loading the policy of step {step}"
-        (self.digests[step],) = set(self.call("hold", step, ref, what=what, timeout=self.sync_timeout))
-        self.held = step
+        digests = set(self.call("hold", step, ref, what=what, timeout=self.sync_timeout))
+        if len(digests) != 1:  # each proved its copy against the same tensors: a bug, never a user's mistake
+            raise RuntimeError(f"the rollout workers hold different weights for the policy of step {step}")
+        self.digests[step], self.held = digests.pop(), step
         self.counters["time/policy_send"] += time.perf_counter() - started
 
     def sampler(self, step: int) -> GroupSampler:
