@@ -25,15 +25,12 @@ from safetensors.torch import load_file
 from conftest import PARAMS
 from rlx import config as rlx_config
 from rlx.cli import main
-from rlx.engines import Engines
 from rlx.errors import UserError
-from rlx.judgers.rows import PanelJudging
 from rlx.lineage.fingerprint import fingerprint
 from rlx.stages import record_outputs, run_stage
-from rlx.stages.train import replay
 from rlx.store.artifacts import DiskFullError, read_json, read_rows, write_rows
 from rlx.store.layout import StepPaths
-from rlx.workers.home import place_policy
+from rlx.workers.group import engines_here
 
 
 @pytest.fixture(scope="module")
@@ -425,11 +422,6 @@ def judged_step(inputs, untrained_model, tmp_path_factory) -> Path:
     for name in ("base", "prepare", "rollout", "judge"):
         run_stage(name, config, 1, engines)
     return work_dir
-
-
-def engines_here(config):
-    """What `rlx fit` keeps warm for a run without actors (rlx.workers.group.warm_engines)."""
-    return place_policy(Engines(config, replay, PanelJudging(config)))
 
 
 def step_config(inputs: dict, work_dir: Path, *overrides: str):

@@ -21,18 +21,16 @@ from safetensors.torch import load_file
 
 from conftest import PARAMS, child_env, dvc_status, make_project
 from rlx import config as rlx_config
-from rlx.engines import Engines
 from rlx.errors import UserError
 from rlx.lineage.record import edit_params
 from rlx.stages import run_stage
-from rlx.stages.train import replay
 from rlx.store.artifacts import read_json, read_rows
 from rlx.training import distributed
 from rlx.training.loading import load_policy
 from rlx.training.trainer import PolicyTrainer
 from rlx.workers import cluster, group, reaper
 from rlx.workers.actors import Actor, ActorGroup
-from rlx.workers.home import InProcess, place_policy
+from rlx.workers.home import InProcess
 
 ray = pytest.importorskip("ray")
 FIT = [sys.executable, "-m", "rlx", "fit", "params.yaml"]
@@ -160,7 +158,7 @@ def rolled_out_project(base, tiny_model):
     project = make_project(base, tiny_model)
     with contextlib.chdir(project):
         config = rlx_config.load(project / "params.yaml")
-        engines = place_policy(Engines(config, replay))
+        engines = group.engines_here(config)
         for name in ("base", "checkpoint", "prepare"):
             run_stage(name, config, 0 if name == "checkpoint" else 1, engines)
     return project

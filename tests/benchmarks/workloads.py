@@ -217,13 +217,11 @@ def materialize(project: str, work_dir: str, step: int, out: str) -> dict:
     import os
 
     from rlx.config import load
-    from rlx.engines import Engines
-    from rlx.stages.train import replay
-    from rlx.workers.home import place_policy
+    from rlx.workers.group import engines_here
 
     os.chdir(project)
     started = time.perf_counter()
-    engines = place_policy(Engines(load(Path(work_dir) / "config.yaml", [f"work_dir={work_dir}"]), replay))
+    engines = engines_here(load(Path(work_dir) / "config.yaml", [f"work_dir={work_dir}"]))
     engines.home.write_policy(step, Path(out))
     return {"seconds": time.perf_counter() - started, "replay_s": engines.replay_seconds}
 

@@ -272,9 +272,10 @@ def run_to_end(coroutine) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coroutine)
+        asyncio.run(coroutine)
+        return
     with ThreadPoolExecutor(1, thread_name_prefix="rlx-agents") as thread:
-        return thread.submit(asyncio.run, coroutine).result()
+        thread.submit(asyncio.run, coroutine).result()
 
 
 def every_outcome(calls: list[ToolCall], ran: list[Outcome]) -> list[Outcome]:

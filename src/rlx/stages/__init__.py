@@ -100,7 +100,7 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines, **given) -
     cpu = time.process_time()
     try:
         with clock.part(name) as watch:
-            metrics = run_where_it_belongs(name, config, step, engines, **given)
+            metrics = run_where_it_belongs(stage, name, config, step, paths, engines, **given)
     except FileNotFoundError as exc:  # e.g. `rlx stage train` before the step's rollouts exist
         raise UserError(
             f"stage {name} of step {step}: an input is missing ({first_line(exc)}); run the stages before it "
@@ -120,13 +120,12 @@ def run_stage(name: str, config: RLTrainerConfig, step: int, engines, **given) -
     return metrics
 
 
-def run_where_it_belongs(name: str, config: RLTrainerConfig, step: int, engines, **given) -> dict:
+def run_where_it_belongs(stage: ModuleType, name: str, config: RLTrainerConfig, step: int, paths, engines, **given):
     """A stage run where its module says: one that ``runs_where_the_policy_is`` by the policy's home (this
     process or every worker, rlx.workers.home), any other here."""
-    stage = module(name)
     if getattr(stage, "runs_where_the_policy_is", False):
         return engines.home.run(name, step)
-    return stage.run(config, step, RunLayout(config.work_dir).step(step), engines, **given)
+    return stage.run(config, step, paths, engines, **given)
 
 
 def refresh_curves(name: str, config: RLTrainerConfig, step: int) -> None:

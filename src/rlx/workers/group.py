@@ -39,7 +39,7 @@ def warm_engines(config: RLTrainerConfig) -> Iterator[Engines]:
     ``resources`` and ``cpu_resources`` ask for them; the actors are stopped after."""
     resources = config.resources
     if not config.has_actors:
-        yield place_policy(Engines(config, replay, PanelJudging(config)))
+        yield engines_here(config)
         return
     with ray_instance(config) as ray, contextlib.ExitStack() as started:
         workers = started_group(started, WorkerGroup, ray, config) if resources.on_ray else None
@@ -47,6 +47,11 @@ def warm_engines(config: RLTrainerConfig) -> Iterator[Engines]:
         started.enter_context(cores_left_to_driver(config))
         judges = started_group(started, JudgePool, ray, config) if config.cpu_resources else PanelJudging(config)
         yield place_policy(Engines(config, replay, judges), workers, apart)
+
+
+def engines_here(config: RLTrainerConfig) -> Engines:
+    """What stays warm for a run without actors: the policy, its rollouts and the judging in this process."""
+    return place_policy(Engines(config, replay, PanelJudging(config)))
 
 
 @contextlib.contextmanager
