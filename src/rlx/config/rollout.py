@@ -162,9 +162,10 @@ class RolloutConfig(Section):
         gt=0,
         description="rlx addition: the most mismatch/k3_kl (the rollout engine's log-probs against the trainer's for "
         "the same tokens) a step may show; past it, or non-finite, the run stops before the step is recorded: the "
-        "engine did not sample from the policy the step records (a weight sync that failed). Healthy: 1e-9 on CPU "
-        "(float32), about 1e-3 in bf16 on GPUs (Yao et al., 2025); with max_staleness the policy's lag adds to it "
-        "(2e-3 a step in the demo). A wrong-weights engine gives 1 and more. null: never stop.",
+        "engine did not sample from the policy the step records (a weight sync that failed). Measured at 25 M and "
+        "200 M (tests/benchmarks/test_mismatch_calibration.py): float32 0, a bf16 engine 1e-5 to 7e-5 (about 1e-3 "
+        "at 7 B, Yao et al., 2025), a missed output head 0.2 to 0.5; with max_staleness the policy's lag adds to "
+        "it (2e-3 a step in the demo). null: never stop.",
     )
     extra_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="LMDeploy only: passed to its engine config as is."
