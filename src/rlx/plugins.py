@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import shutil
 import sys
 import types
 from collections.abc import Callable
@@ -78,6 +79,26 @@ def method_schema(method: Callable, what: str) -> dict:
     """An environment method's schema without ``self``, read from the method bound to a stand-in
     object (nothing is called, and no environment is made at configuration time)."""
     return tool_schema(types.MethodType(method, object()), what)
+
+
+@dataclass(frozen=True)
+class AgentProgram:
+    """What ``agent_loop_config.program`` names (rlx.agents.programs runs it): an async function, or a command."""
+
+    function: Callable | None = None
+    command: tuple[str, ...] = ()
+
+    @classmethod
+    def load(cls, spec: str | list[str]) -> AgentProgram:
+        """The program, checked before a run writes anything: one-line UserErrors otherwise."""
+        if isinstance(spec, str):
+            function = load_callable(spec, "program")
+            if not inspect.iscoroutinefunction(function):
+                raise UserError(f"program {spec!r}: expected an async def run(client, row)")
+            return cls(function=function)
+        if not spec or shutil.which(spec[0]) is None:
+            raise UserError(f"program {spec!r}: {spec[0] if spec else 'the command'} is not an executable on PATH")
+        return cls(command=tuple(spec))
 
 
 @dataclass(frozen=True)

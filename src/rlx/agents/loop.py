@@ -35,6 +35,8 @@ from rlx.store import faults
 from rlx.tokens import decode, decode_many, prompt_ids
 
 RESET_FAILED = "reset_failed"  # the finish of a rollout whose environment could not start: no turn, scored 0
+PROGRAM_FAILED = "program_failed"  # the finish of a rollout whose agent program failed (rlx.agents.programs): scored 0
+FAILED = {RESET_FAILED: "environment", PROGRAM_FAILED: "program"}  # the judgment's error names what failed
 
 
 def turn_seed(row_seed: int, turn: int) -> int:
@@ -242,8 +244,13 @@ class TurnRequests:
         self.send_if_due()
         return await answer
 
-    def leave(self) -> None:
-        """A rollout has ended: the others no longer wait for it."""
+    def leave(self, index: int | None = None) -> None:
+        """A rollout has ended: the others no longer wait for it. ``index``: a rollout that may end with a turn
+        still asked for (an agent program given up at its deadline), whose request is dropped."""
+        if index is not None:
+            for request in [request for request in self.waiting if request[0] == index]:
+                self.waiting.remove(request)
+                request[-1].cancel()
         self.going -= 1
         self.send_if_due()
 
@@ -296,9 +303,10 @@ def number(outcome: Outcome) -> tuple[float | None, str | None]:
 def tool_use(rows: list[dict], prefix: str) -> dict:
     """How agents used their tools over rollout rows (or eval samples): turns, calls, the share of
     rollouts with a call, calls that failed or timed out, rollouts stopped at ``max_turns``, environments
-    whose ``reset`` failed."""
+    whose ``reset`` failed; and for an agent program's, the programs that failed and the histories they
+    rewrote."""
     calls = [call for row in rows for call in json.loads(row["tool_calls"])]
-    return {
+    used = {
         f"{prefix}/turns/mean": sum(row["turns"] for row in rows) / len(rows),
         f"{prefix}/tool_calls": len(calls),
         f"{prefix}/tool_call_frac": sum(row["tool_calls"] != "[]" for row in rows) / len(rows),
@@ -307,3 +315,7 @@ def tool_use(rows: list[dict], prefix: str) -> dict:
         f"{prefix}/max_turns_frac": sum(row["finish_reason"] == "max_turns" for row in rows) / len(rows),
         f"{prefix}/environment_errors": sum(row["finish_reason"] == RESET_FAILED for row in rows),
     }
+    if "segments" in rows[0]:  # an agent program's rollouts (rlx.agents.programs)
+        used[f"{prefix}/program_failures"] = sum(row["finish_reason"] == PROGRAM_FAILED for row in rows)
+        used[f"{prefix}/rewritten_histories"] = sum(len(json.loads(row["segments"])) for row in rows)
+    return used

@@ -25,11 +25,32 @@ class AgentLoopConfig(Section):
         "conversation to start from (messages, a string as the user's message, or None for the row's prompt), its "
         "other public methods are the tools, and an optional reward() is read by the `environment` judger.",
     )
+    program: str | list[str] | None = Field(
+        None,
+        description="rlx addition: instead of tools, an agent program that talks to the policy through an "
+        "OpenAI-compatible endpoint rlx serves during rollouts (rlx.agents.programs): 'package.module:run', an "
+        "async def run(client, row) given an openai.AsyncOpenAI, or a command (['python', 'agent.py']) reading the "
+        "row on stdin, with OPENAI_BASE_URL and OPENAI_API_KEY set. It returns (prints) its answer or its reward.",
+    )
+    program_timeout: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="rlx addition, with program: seconds one rollout's program may run; past it the rollout "
+        "scores 0 (counted) and the step goes on.",
+    )
     max_turns: int = Field(
-        4, ge=1, le=256, description="Model turns per rollout; a call in the last one is not run (finish max_turns)."
+        4,
+        ge=1,
+        le=256,
+        description="Model turns per rollout; a call in the last one is not run (finish max_turns). With program: "
+        "the calls one rollout's program may make (one more is refused, and the rollout scores 0).",
     )
     max_tool_response_tokens: int = Field(
-        256, gt=0, description="A tool's output past this many tokens is cut and shown to the model as an error."
+        256,
+        gt=0,
+        description="A tool's output past this many tokens is cut and shown to the model as an error (with program: "
+        "each tool message the program sends).",
     )
     tool_timeout: float = Field(
         10.0,
@@ -41,10 +62,28 @@ class AgentLoopConfig(Section):
 
     @model_validator(mode="after")
     def _tools_load(self) -> AgentLoopConfig:
-        if bool(self.tools) == (self.environment is not None):
-            raise ValueError("set either tools (a list of 'package.module:function') or environment, not both")
-        self.toolbox()  # fail at configuration time, naming the entry, not in the middle of a run
+        if [bool(self.tools), self.environment is not None, self.program is not None].count(True) != 1:
+            raise ValueError(
+                "set one of tools (a list of 'package.module:function'), environment or program, not several"
+            )
+        if self.program is not None:
+            self._program_loads()
+        else:
+            self.toolbox()  # fail at configuration time, naming the entry, not in the middle of a run
+        if self.program is None and "program_timeout" in self.model_fields_set:
+            raise ValueError("program_timeout acts only with program")
         return self
+
+    def _program_loads(self) -> None:
+        """The program imported (or its command found), and no tool setting it would leave unread."""
+        from rlx.plugins import AgentProgram
+
+        if "tool_timeout" in self.model_fields_set:
+            raise ValueError("tool_timeout: the program runs its own tools (program_timeout bounds it); leave it out")
+        try:
+            AgentProgram.load(self.program)
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
 
     def toolbox(self):
         """The tools, imported (rlx.plugins.Toolbox)."""

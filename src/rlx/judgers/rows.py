@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from rlx.agents.loop import RESET_FAILED
+from rlx.agents.loop import FAILED
 from rlx.algo.shaping import overlong_penalty
 from rlx.config import RLTrainerConfig
 from rlx.judgers import Panel, Verdict
@@ -20,8 +20,8 @@ VERDICT = "judgment"  # rollouts.parquet's column of the filter's verdicts, when
 def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
     """Judge each row's response; returns the judgment columns, in order. Judgers see the row's
     fields (without the token columns). An agent's rollout whose environment failed to start has no
-    response to judge: it scores 0, the environment's error kept as the judgment's."""
-    unstarted = [row.get("finish_reason") == RESET_FAILED for row in rows]
+    response to judge, nor one whose program failed: each scores 0, the failure kept as the judgment's error."""
+    unstarted = [row.get("finish_reason") in FAILED for row in rows]
     items = [
         (row[text_key], row["data_source"], row["ground_truth"], {k: row[k] for k in row if k not in TOKEN_COLUMNS})
         for row, skipped in zip(rows, unstarted, strict=True)
@@ -29,7 +29,9 @@ def judge_rows(panel: Panel, rows: list[dict], text_key: str) -> list[dict]:
     ]
     judged = iter(panel.judge_many(items))
     verdicts = [
-        Verdict(0.0, {}, None, False, f"environment: {row['environment_error']}") if skipped else next(judged)
+        Verdict(0.0, {}, None, False, f"{FAILED[row['finish_reason']]}: {row['environment_error']}")
+        if skipped
+        else next(judged)
         for row, skipped in zip(rows, unstarted, strict=True)
     ]
     return [

@@ -15,7 +15,8 @@ from collections import Counter
 
 import pyarrow as pa
 
-from rlx.agents.loop import AgentLoop, reset_row, tool_use
+from rlx.agents.loop import reset_row, tool_use
+from rlx.agents.programs import agent_loop
 from rlx.config import JudgerItemConfig, RLTrainerConfig
 from rlx.judgers import Panel
 from rlx.judgers.rows import answer_column, judge_rows
@@ -118,7 +119,7 @@ def respond(config: RLTrainerConfig, sampler: Sampler, tokenizer, rows: list[dic
     ids = prompts_ids(tokenizer, [row["prompt"] for row in rows], tools)
     if agent is None:
         return sampler.generate(ids, params, seed=seed)
-    loop = AgentLoop(agent, tokenizer, params)
+    loop = agent_loop(agent, tokenizer, params)
     resets = [reset_row(row["data_source"], row["prompt"], str(row["reward_model"]["ground_truth"])) for row in rows]
     return loop.run(sampler, loop.starts(resets, ids), seed)
 

@@ -23,7 +23,8 @@ import json
 import time
 
 from rlx import seeds
-from rlx.agents.loop import AgentLoop, reset_row, tool_use
+from rlx.agents.loop import reset_row, tool_use
+from rlx.agents.programs import agent_loop
 from rlx.config import RLTrainerConfig, rollout_policy_step, staleness
 from rlx.judgers import Panel
 from rlx.judgers.rows import VERDICT, judge_rollouts
@@ -61,7 +62,7 @@ def sample_groups(config: RLTrainerConfig, step: int, engines, groups: list[dict
     if flow.agent_loop_config is None:
         generations = sampler.generate([group["prompt_ids"] for group in repeated], flow.sample_params, seed=seed)
     else:
-        loop = AgentLoop(flow.agent_loop_config, engines.tokenizer, flow.sample_params)
+        loop = agent_loop(flow.agent_loop_config, engines.tokenizer, flow.sample_params)
         starts = loop.starts([prompt_row(group) for group in repeated], [group["prompt_ids"] for group in repeated])
         generations = loop.run(sampler, starts, seed)
     rows = []

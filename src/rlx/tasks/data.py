@@ -126,9 +126,10 @@ def load_rows(path: Path) -> list[dict]:
 
 
 def tool_schemas(config: RLTrainerConfig) -> list[dict] | None:
-    """The schemas of the run's agent tools, which its prompts show the model (None without an agent loop)."""
+    """The schemas of the run's agent tools, which its prompts show the model (None without an agent loop, and
+    with an agent program, which sends its own with each call)."""
     agent = config.dataflow_config.agent_loop_config
-    return agent.toolbox().schemas if agent else None
+    return agent.toolbox().schemas if agent and agent.program is None else None
 
 
 @dataclass

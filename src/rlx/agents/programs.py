@@ -1,0 +1,164 @@
+"""Agents as plain OpenAI-client programs (``agent_loop_config.program``): the rollouts of a step are the
+conversations programs hold with the policy through rlx's endpoint (rlx.agents.endpoint).
+
+A program is an ``async def run(client, row)`` named as ``'package.module:run'``, given an
+``openai.AsyncOpenAI`` whose base URL and key are set, or a command (``["python", "agent.py"]``) that reads
+the row as JSON on stdin and finds ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` in its environment. The row is
+the prompt row (``data_source``, ``prompt`` messages, ``ground_truth``). It returns (a command prints) its
+answer, which the judgers score as they score a built-in agent's last turn, or a number, its own reward (the
+``environment`` judger reads it). A program that raises, exits non-zero, runs past ``program_timeout`` or
+calls past ``max_turns`` scores 0, its reason kept (``environment_error``) and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass, field
+from numbers import Real
+
+from rlx.agents.calls import EventLoopThread, settled
+from rlx.agents.endpoint import Endpoint, Limits
+from rlx.agents.loop import PROGRAM_FAILED, AgentLoop, Trajectory, TurnRequests, run_to_end
+from rlx.agents.sessions import AgentSession
+from rlx.agents.stopping import warn_still_running
+from rlx.agents.tools import Session
+from rlx.config import AgentLoopConfig, SampleParams
+from rlx.plugins import AgentProgram
+from rlx.tokens import decode_many
+
+STDERR_SHOWN = 300  # characters of a failed command's standard error kept as its reason
+
+
+class ProgramFailed(Exception):
+    """A program's failure, as its rollout's record says it."""
+
+
+async def run_program(program: AgentProgram, base_url: str, key: str, row: dict, loop: EventLoopThread) -> object:
+    """The program's answer (or reward) for ``row``, speaking to ``base_url`` with ``key``: a function on
+    ``loop`` (a program that blocks holds up the other programs, never the endpoint), a command in a child."""
+    if program.function is None:
+        return await run_command(program.command, base_url, key, row)
+    said, error = await asyncio.wrap_future(loop.submit(settled(call_function(program.function, base_url, key, row))))
+    if error is not None:
+        raise ProgramFailed(f"raised {error}")
+    return said
+
+
+async def call_function(function, base_url: str, key: str, row: dict) -> object:
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0) as client:
+        return await function(client, row)
+
+
+async def run_command(command: tuple[str, ...], base_url: str, key: str, row: dict) -> object:
+    """A command's answer: its standard output (a JSON ``{"answer": ...}`` or ``{"reward": ...}``, or text)."""
+    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key}
+    process = await asyncio.create_subprocess_exec(
+        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    try:
+        out, err = await process.communicate(json.dumps(row).encode())
+    except asyncio.CancelledError:
+        process.kill()
+        await process.wait()
+        raise
+    if process.returncode != 0:
+        raise ProgramFailed(f"exit code {process.returncode}: {err.decode(errors='replace').strip()[-STDERR_SHOWN:]}")
+    text = out.decode(errors="replace").strip()
+    try:
+        said = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    if isinstance(said, dict) and ("answer" in said or "reward" in said):
+        return said.get("reward", said.get("answer"))
+    return text
+
+
+@dataclass
+class ProgramTrajectory(Trajectory):
+    """A program's rollout: a built-in agent's columns, and what only a program's has (segments its
+    rewritten histories left, calls the endpoint refused)."""
+
+    segments: list[dict] = field(default_factory=list)
+
+    def columns(self) -> dict:
+        return {**super().columns(), "segments": json.dumps(self.segments)}
+
+
+class ProgramLoop:
+    """The rollouts of ``agent_loop_config.program``: the same ``starts``/``run`` as rlx.agents.loop.AgentLoop."""
+
+    def __init__(self, config: AgentLoopConfig, tokenizer, params: SampleParams):
+        self.config, self.tokenizer, self.params = config, tokenizer, params
+        self.program = AgentProgram.load(config.program)
+        self.limits = Limits(config.max_turns, params.max_tokens)
+
+    def starts(self, rows: list[dict], ids: list[list[int]]) -> list[tuple[dict, list[int]]]:
+        return list(zip(rows, ids, strict=True))
+
+    def run(self, sampler, starts: list[tuple[dict, list[int]]], seed: int) -> list[ProgramTrajectory]:
+        limit = self.config.max_tool_response_tokens
+        sessions = [AgentSession(f"rlx-{seed}-{i}", seed + i, self.tokenizer, limit) for i in range(len(starts))]
+        run_to_end(self.converse_all(sampler, sessions, [row for row, _ in starts]))
+        warn_still_running()
+        return self.finish(sessions, [ids for _, ids in starts])
+
+    async def converse_all(self, sampler, sessions: list[AgentSession], rows: list[dict]) -> None:
+        turns = TurnRequests(sampler, self.tokenizer, len(sessions))
+        endpoint = Endpoint(turns, {s.key: s for s in sessions}, self.params, self.limits)
+        base_url, programs = await endpoint.start(), EventLoopThread()
+        try:
+            await asyncio.gather(
+                *(
+                    self.converse(base_url, i, s, row, turns, programs)
+                    for i, (s, row) in enumerate(zip(sessions, rows, strict=True))
+                )
+            )
+        finally:
+            await endpoint.close()
+
+    async def converse(self, base_url: str, index: int, session: AgentSession, row: dict, turns, programs) -> None:
+        """One program run to its answer under ``program_timeout``; why it failed, if it did."""
+        timeout = self.config.program_timeout
+        try:
+            said = await asyncio.wait_for(run_program(self.program, base_url, session.key, row, programs), timeout)
+            session.answer = said if isinstance(said, str) else None
+            session.reward = float(said) if isinstance(said, Real) and not isinstance(said, bool) else None
+            if session.answer is None and session.reward is None:
+                session.failure = f"returned {said!r}, not an answer (a string) or a reward (a number)"
+        except TimeoutError:
+            session.failure = f"no answer within {timeout} s (agent_loop_config.program_timeout)"
+        except ProgramFailed as exc:
+            session.failure = session.failure or str(exc)
+        except OSError as exc:  # a command that could not start after all (its file removed since the check)
+            session.failure = f"could not start ({exc})"
+        finally:
+            turns.leave(index)
+
+    def finish(self, sessions: list[AgentSession], prompts: list[list[int]]) -> list[ProgramTrajectory]:
+        trajectories = [finished(session, ids) for session, ids in zip(sessions, prompts, strict=True)]
+        texts = decode_many(self.tokenizer, [t.response_ids for t in trajectories], self.params.skip_special_tokens)
+        for trajectory, text in zip(trajectories, texts, strict=True):
+            trajectory.text = text
+        return trajectories
+
+
+def finished(session: AgentSession, prompt_ids: list[int]) -> ProgramTrajectory:
+    """A session's rollout: its last segment, the answer its program gave, or its failure."""
+    made = session.trajectory or Trajectory(list(prompt_ids), Session({}, None, None), finish_reason="stop")
+    trajectory = ProgramTrajectory(**{name: getattr(made, name) for name in made.__dataclass_fields__})
+    trajectory.segments = session.segments
+    if session.answer is not None:
+        trajectory.final_text = session.answer
+    trajectory.reward = session.reward
+    if session.failure is not None:
+        trajectory.finish_reason, trajectory.reward_error = PROGRAM_FAILED, session.failure
+    return trajectory
+
+
+def agent_loop(config: AgentLoopConfig, tokenizer, params: SampleParams) -> AgentLoop | ProgramLoop:
+    """What drives an agent's rollouts: the endpoint for its program, or the built-in loop over its tools."""
+    return (AgentLoop if config.program is None else ProgramLoop)(config, tokenizer, params)

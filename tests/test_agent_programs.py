@@ -1,0 +1,176 @@
+"""Agents as plain OpenAI-client programs (rlx.agents.programs, rlx.agents.endpoint): the real ``openai``
+package against rlx's real endpoint on localhost, over the real transformers backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import pytest
+from transformers import AutoTokenizer
+
+from helpers.programs import ADD
+from rlx.agents.format import tool_turn_ids
+from rlx.agents.loop import reset_row, tool_use
+from rlx.agents.programs import ProgramLoop
+from rlx.config import AgentLoopConfig, JudgerConfig, SampleParams
+from rlx.judgers import Panel
+from rlx.judgers.rows import judge_rows
+from rlx.tokens import prompt_ids
+
+QUESTION = [{"role": "user", "content": "4 + 5?"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(untrained_model):
+    return AutoTokenizer.from_pretrained(untrained_model[0].tiny_model.output_dir)
+
+
+@pytest.fixture(scope="module")
+def taught(untrained_model, tokenizer, tmp_path_factory):
+    """The untrained model taught one rollout by heart, with the program's tool shown in its prompt: call
+    ``add`` (spelled character by character: ids the tokenizer would merge if encoded again), read the
+    result, answer. Its folder, prompt ids and the rollout's three pieces."""
+    from helpers.teaching import teach
+
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call = [i for c in '<tool_call>{"name": "add", "arguments": {"a": 4, "b": 5}}</tool_call>' for i in encode(c)]
+    pieces = ([*call, tokenizer.eos_token_id], tool_turn_ids(tokenizer, [{"role": "tool", "content": "9"}]))
+    pieces += ([*encode("#### 9"), tokenizer.eos_token_id],)
+    prompt = prompt_ids(tokenizer, QUESTION, [ADD])
+    folder = tmp_path_factory.mktemp("taught-program") / "model"
+    teach(untrained_model[0].tiny_model.output_dir, folder, [(prompt, list(pieces))], steps=60)
+    return folder, prompt, pieces
+
+
+@pytest.fixture(scope="module")
+def sampler(untrained_model, taught, tokenizer):
+    from rlx.samplers import TransformersSampler
+    from rlx.training.loading import load_policy
+
+    return TransformersSampler(load_policy(taught[0]), tokenizer, untrained_model[0].rollout_config)
+
+
+def rollouts(program, sampler, tokenizer, golds=("9",), seed=3, max_tokens=120, **limits):
+    """The rollouts of ``program`` on the question, one per gold, sampled greedily (the taught model's
+    rollout is exact only so)."""
+    loop = ProgramLoop(
+        AgentLoopConfig(program=program, **limits), tokenizer, SampleParams(max_tokens=max_tokens, temperature=0)
+    )
+    rows = [reset_row("rlx/arith", QUESTION, gold) for gold in golds]
+    return loop.run(sampler, loop.starts(rows, [prompt_ids(tokenizer, QUESTION)] * len(rows)), seed)
+
+
+def test_a_program_continues_from_the_sampled_ids_not_from_its_text_encoded_again(sampler, taught, tokenizer):
+    """The OpenAI client sends the whole conversation each call; the second call's context is the first's
+    ids, the sampled reply's ids and the tool result's, byte for byte, though this tokenizer, decoding and
+    encoding the reply again, would merge its ids."""
+    _, prompt, (call, tool, answer) = taught
+    (rollout,) = rollouts("helpers.programs:adder", sampler, tokenizer)
+    assert (rollout.turns, rollout.finish_reason, rollout.final_text) == (2, "stop", "#### 9")
+    assert rollout.prompt_ids == prompt
+    assert rollout.response_ids == call + tool + answer
+    assert rollout.response_mask == [1] * len(call) + [0] * len(tool) + [1] * len(answer)
+    assert [lp is None for lp in rollout.logprobs] == [m == 0 for m in rollout.response_mask]
+    assert tokenizer.encode(tokenizer.decode(prompt + call), add_special_tokens=False) != prompt + call
+    (recorded,) = json.loads(rollout.columns()["tool_calls"])
+    assert (recorded["tool"], recorded["arguments"], recorded["result"]) == ("add", {"a": 4, "b": 5}, "9")
+    assert json.loads(rollout.columns()["segments"]) == []
+
+
+def test_concurrent_programs_keep_their_own_trajectories_and_a_rerun_is_bitwise_the_same(sampler, tokenizer):
+    """Eight programs at once, each with its key: each trajectory is a whole conversation of its own, and
+    the same seed gives the same ids, log-probs and texts."""
+    first = rollouts("helpers.programs:adder", sampler, tokenizer, golds=["9"] * 8)
+    again = rollouts("helpers.programs:adder", sampler, tokenizer, golds=["9"] * 8)
+    fields = lambda t: (t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, t.text, t.calls)  # noqa: E731
+    assert [fields(t) for t in first] == [fields(t) for t in again]
+    assert all(t.turns == 2 and t.final_text == "#### 9" for t in first)
+
+
+def test_a_rewritten_history_starts_a_new_segment_and_keeps_the_old_one(sampler, tokenizer):
+    (rollout,) = rollouts("helpers.programs:rewriter", sampler, tokenizer)
+    (old,) = json.loads(rollout.columns()["segments"])
+    assert old["turns"] == 1 and old["prompt_ids"] == prompt_ids(tokenizer, QUESTION)
+    assert rollout.turns == 1 and rollout.prompt_ids[: len(old["prompt_ids"])] != old["prompt_ids"]
+    assert tokenizer.decode(rollout.prompt_ids).count("Again: 4 + 5?") == 1
+
+
+FAULTS = {
+    "helpers.programs:raises": "raised ValueError: the agent's own bug",
+    "helpers.programs:hangs": "no answer within 1.0 s (agent_loop_config.program_timeout)",
+    "helpers.programs:chatty": "more than 2 calls (agent_loop_config.max_turns)",
+    "helpers.programs:says_nothing": "returned {'not': 'an answer'}, not an answer (a string) or a reward (a number)",
+}
+
+
+def test_each_fault_of_a_program_scores_its_rollout_0_with_its_reason_and_the_others_go_on(sampler, tokenizer):
+    """All at once with a program that behaves: the hung one is given up at its deadline, and the step ends."""
+    started = time.perf_counter()
+    ran = {}
+    for program in [*FAULTS, "helpers.programs:sends_garbage"]:
+        (ran[program],) = rollouts(program, sampler, tokenizer, max_turns=2, program_timeout=1.0)
+    assert time.perf_counter() - started < 30
+    for program, reason in FAULTS.items():
+        assert (ran[program].finish_reason, ran[program].reward_error) == ("program_failed", reason), program
+    garbage = ran["helpers.programs:sends_garbage"]
+    assert (garbage.finish_reason, garbage.turns) == ("length", 1)
+    rows = [{"data_source": "rlx/arith", "ground_truth": "9", "response_len": len(t.response_ids),
+             "finish_reason": t.finish_reason, **t.columns()} for t in ran.values()]  # fmt: skip
+    judged = judge_rows(Panel(JudgerConfig()), rows, "final_text")
+    assert [j["error"] for j in judged][: len(FAULTS)] == [f"program: {reason}" for reason in FAULTS.values()]
+    assert [j["reward"] for j in judged] == [0.0] * len(rows)
+    assert tool_use(rows, "agent")["agent/program_failures"] == len(FAULTS)
+
+
+def test_a_command_program_reads_its_row_and_endpoint_from_stdin_and_environment(sampler, tokenizer):
+    command = [sys.executable, "tests/helpers/agent_command.py"]
+    ok, failed = rollouts(command, sampler, tokenizer, golds=["9", "fail"], program_timeout=60.0)
+    assert (ok.finish_reason, ok.turns, ok.final_text) == ("length", 1, ok.final_text)
+    assert ok.reward_error is None and len(ok.response_ids) == 3
+    assert (failed.finish_reason, failed.reward_error) == ("program_failed", "exit code 4: cannot go on")
+
+
+def test_sampling_the_run_fixes_is_refused_with_the_field_named(sampler, tokenizer):
+    (rollout,) = rollouts("helpers.programs:hotter", sampler, tokenizer)
+    assert rollout.finish_reason == "program_failed"
+    assert "temperature 0.3: this run samples with 0.0 (its dataflow_config.sample_params)" in rollout.reward_error
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"program": "helpers.programs:missing"}, "program 'helpers.programs:missing': cannot import it"),
+        ({"program": "helpers.programs:plain"}, "expected an async def run(client, row)"),
+        ({"program": ["no-such-agent-binary"]}, "no-such-agent-binary is not an executable on PATH"),
+        ({"program": "helpers.programs:adder", "tools": ["helpers.agents:add"]}, "set one of tools"),
+        ({"program": "helpers.programs:adder", "tool_timeout": 3.0}, "tool_timeout: the program runs its own tools"),
+        ({"tools": ["helpers.agents:add"], "program_timeout": 3.0}, "program_timeout acts only with program"),
+    ],
+)
+def test_a_program_that_cannot_run_is_refused_with_the_config(fields, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        AgentLoopConfig(**fields)
+
+
+def test_the_endpoint_lists_its_model_and_refuses_an_unknown_key(sampler, tokenizer):
+    import openai
+
+    from rlx.agents.endpoint import Endpoint, Limits
+    from rlx.agents.loop import TurnRequests
+
+    async def ask():
+        endpoint = Endpoint(TurnRequests(sampler, tokenizer, 1), {}, SampleParams(), Limits(2, 8))
+        base_url = await endpoint.start()
+        try:
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="stranger", max_retries=0) as client:
+                models = [m.id async for m in client.models.list()]
+                with pytest.raises(openai.AuthenticationError, match="unknown API key"):
+                    await client.chat.completions.create(model="rlx-policy", messages=QUESTION)
+        finally:
+            await endpoint.close()
+        return models
+
+    assert asyncio.run(ask()) == ["rlx-policy"]
