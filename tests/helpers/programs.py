@@ -4,6 +4,10 @@ plain OpenAI-client code, which knows nothing of rlx."""
 import asyncio
 import json
 
+from transformers.utils import get_json_schema
+
+from helpers.agents import ping
+
 ADD = {
     "type": "function",
     "function": {
@@ -81,3 +85,19 @@ async def says_nothing(client, row):
 
 def plain(client, row):
     return "not async"
+
+
+async def pinger(client, row):
+    """helpers.agents.ping's rollouts (helpers.teaching.agent_inputs) as a program: call, run each ping, answer."""
+    messages = list(row["prompt"])
+    for _ in range(2):
+        reply = await client.chat.completions.create(model="rlx-policy", messages=messages, tools=[PING])
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            break
+        messages.append(message)
+        messages += [{"role": "tool", "tool_call_id": call.id, "content": ping()} for call in message.tool_calls]
+    return message.content
+
+
+PING = get_json_schema(ping)

@@ -18,6 +18,7 @@ from rlx.agents.format import parse_calls, shown_results, tool_turn_ids
 from rlx.agents.loop import Trajectory
 from rlx.agents.tools import Session
 from rlx.samplers.types import Generation
+from rlx.store import faults
 from rlx.tokens import prompt_ids
 
 
@@ -120,6 +121,7 @@ class AgentSession:
             turn = shown_turn(self.tokenizer, messages[len(self.seen) :], self.trajectory.calls, self.tool_limit)
             added = tool_turn_ids(self.tokenizer, turn)
             self.trajectory.append(added, 0, [None] * len(added))
+            faults.point("agent.tool_results")
         else:
             if self.trajectory is not None:
                 self.segments.append(segment_record(self.trajectory))
