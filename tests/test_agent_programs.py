@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 
 import pytest
@@ -83,8 +84,11 @@ def test_a_program_continues_from_the_sampled_ids_not_from_its_text_encoded_agai
 def test_concurrent_programs_keep_their_own_trajectories_and_a_rerun_is_bitwise_the_same(sampler, tokenizer):
     """Eight programs at once, each with its key: each trajectory is a whole conversation of its own, and
     the same seed gives the same ids, log-probs and texts."""
+    threads = threading.active_count()
     first = rollouts("helpers.programs:adder", sampler, tokenizer, golds=["9"] * 8)
     again = rollouts("helpers.programs:adder", sampler, tokenizer, golds=["9"] * 8)
+    time.sleep(0.1)  # the programs' loop thread ends once told to
+    assert threading.active_count() == threads, [t.name for t in threading.enumerate()]
     fields = lambda t: (t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, t.text, t.calls)  # noqa: E731
     assert [fields(t) for t in first] == [fields(t) for t in again]
     assert all(t.turns == 2 and t.final_text == "#### 9" for t in first)
@@ -174,3 +178,11 @@ def test_the_endpoint_lists_its_model_and_refuses_an_unknown_key(sampler, tokeni
         return models
 
     assert asyncio.run(ask()) == ["rlx-policy"]
+
+
+def test_the_readme_shows_the_demo_program_in_full():
+    """The README's program is the demo's (rlx.tasks.calculator_agent), word for word."""
+    from conftest import ROOT
+
+    block = (ROOT / "README.md").read_text().split("```python\n# calculator_agent.py\n", 1)[1].split("```", 1)[0]
+    assert block == (ROOT / "src/rlx/tasks/calculator_agent.py").read_text()

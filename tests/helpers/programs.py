@@ -101,3 +101,9 @@ async def pinger(client, row):
 
 
 PING = get_json_schema(ping)
+
+
+async def one_call(client, row):
+    """One call, its reply the answer: what the endpoint's overhead benchmark makes 64 of at once."""
+    reply = await client.chat.completions.create(model="rlx-policy", messages=row["prompt"])
+    return reply.choices[0].message.content

@@ -103,8 +103,22 @@ class EventLoopThread:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._loop.run_forever, name="rlx-tool-loop", daemon=True).start()
+                threading.Thread(target=self._serve, args=(self._loop,), name="rlx-tool-loop", daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+        """Run ``loop`` until stopped, then close it with its executor's threads (a DNS lookup starts them)."""
+        loop.run_forever()
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+    def stop(self) -> None:
+        """End the loop and its thread (once what runs on it yields: a coroutine that blocks keeps both)."""
+        with self._lock:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop = None
 
 
 THREADS, LOOP = DaemonThreads(), EventLoopThread()
