@@ -9,19 +9,34 @@ import sys
 import threading
 import time
 
+import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
+from conftest import fit, killed_and_resumed
 from helpers.programs import ADD
 from rlx.agents.format import tool_turn_ids
 from rlx.agents.loop import reset_row, tool_use
-from rlx.agents.programs import ProgramLoop
+from rlx.agents.programs import PROGRAM_LOOP, ProgramLoop
 from rlx.config import AgentLoopConfig, JudgerConfig, SampleParams
 from rlx.judgers import Panel
 from rlx.judgers.rows import judge_rows
+from rlx.lineage.record import edit_params
+from rlx.store.layout import RunLayout
 from rlx.tokens import prompt_ids
+from test_resume import AGENT_KILL, STEPS, final_policy, fresh_copy
 
 QUESTION = [{"role": "user", "content": "4 + 5?"}]
+
+
+def left_behind(wait: float = 2.0) -> list[str]:
+    """The programs' loop threads (and their executors') still running after ``wait`` seconds at most."""
+    deadline = time.perf_counter() + wait
+    while True:
+        names = [t.name for t in threading.enumerate() if t.name == PROGRAM_LOOP or t.name.startswith("asyncio_")]
+        if not names or time.perf_counter() > deadline:
+            return names
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -77,19 +92,19 @@ def test_a_program_continues_from_the_sampled_ids_not_from_its_text_encoded_agai
     assert [lp is None for lp in rollout.logprobs] == [m == 0 for m in rollout.response_mask]
     assert tokenizer.encode(tokenizer.decode(prompt + call), add_special_tokens=False) != prompt + call
     (recorded,) = json.loads(rollout.columns()["tool_calls"])
-    assert (recorded["tool"], recorded["arguments"], recorded["result"]) == ("add", {"a": 4, "b": 5}, "9")
+    assert (recorded["turn"], recorded["tool"], recorded["result"]) == (1, "add", "9")
+    assert json.loads(recorded["arguments"]) == {"a": 4, "b": 5} and recorded["seconds"] >= 0
     assert json.loads(rollout.columns()["segments"]) == []
 
 
 def test_concurrent_programs_keep_their_own_trajectories_and_a_rerun_is_bitwise_the_same(sampler, tokenizer):
     """Eight programs at once, each with its key: each trajectory is a whole conversation of its own, and
     the same seed gives the same ids, log-probs and texts."""
-    threads = threading.active_count()
     first = rollouts("helpers.programs:adder", sampler, tokenizer, golds=["9"] * 8)
     again = rollouts("helpers.programs:adder", sampler, tokenizer, golds=["9"] * 8)
-    time.sleep(0.1)  # the programs' loop thread ends once told to
-    assert threading.active_count() == threads, [t.name for t in threading.enumerate()]
-    fields = lambda t: (t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, t.text, t.calls)  # noqa: E731
+    assert not left_behind(), "a run left its programs' thread or its executor's behind"
+    untimed = lambda calls: [{k: v for k, v in call.items() if k != "seconds"} for call in calls]  # noqa: E731
+    fields = lambda t: (t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, t.text, untimed(t.calls))  # noqa: E731
     assert [fields(t) for t in first] == [fields(t) for t in again]
     assert all(t.turns == 2 and t.final_text == "#### 9" for t in first)
 
@@ -186,3 +201,34 @@ def test_the_readme_shows_the_demo_program_in_full():
 
     block = (ROOT / "README.md").read_text().split("```python\n# calculator_agent.py\n", 1)[1].split("```", 1)[0]
     assert block == (ROOT / "src/rlx/tasks/calculator_agent.py").read_text()
+
+
+PROGRAM = "dataflow_config.agent_loop_config={program: helpers.programs:pinger, max_turns: 2}"
+
+
+@pytest.mark.slow
+def test_an_agent_program_run_killed_in_its_rollout_reruns_to_the_same_weights(agent_project, tmp_path):
+    """The agent run with its agent an OpenAI-client program (helpers.programs.pinger): run uninterrupted, and
+    killed by SIGKILL in step 2's rollout as the endpoint appends a program's tool results, then rerun; both
+    end on the same weights, with the same rollouts (tokens, masks, log-probs, answers)."""
+    runs = {}
+    for name in ("uninterrupted", "killed"):
+        project = fresh_copy(agent_project, tmp_path / name)
+        edit_params(project / "params.yaml", [PROGRAM])
+        runs[name] = project
+    done = fit(runs["uninterrupted"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pq.read_table(RunLayout(runs["uninterrupted"] / "runs/demo").step(1).rollouts).to_pylist()
+    answered = sum(any(call["turn"] == 1 for call in json.loads(row["tool_calls"])) for row in rows)
+    assert answered > 0, "the program's model called no tool"
+    kill = f"{AGENT_KILL}@{answered + 1}"  # each result a program sends back reaches it once: step 2's first
+    assert killed_and_resumed(runs["killed"], [kill], STEPS) == "resumed to the reference"
+    assert final_policy(runs["killed"]) == final_policy(runs["uninterrupted"])
+    assert sampled(runs["killed"]) == sampled(runs["uninterrupted"])
+
+
+def sampled(project) -> list[list[dict]]:
+    """Each step's rollouts as sampled (their tokens, mask and log-probs; not the tools' timings)."""
+    columns = ["prompt_ids", "response_ids", "response_mask", "rollout_logprobs", "final_text"]
+    layout = RunLayout(project / "runs/demo")
+    return [pq.read_table(layout.step(step).rollouts, columns=columns).to_pylist() for step in range(1, STEPS + 1)]

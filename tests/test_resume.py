@@ -161,29 +161,6 @@ def test_an_agent_run_killed_in_its_rollout_resumes_exactly_and_replay_calls_no_
     assert len(log.read_text().splitlines()) == len(pids)
 
 
-PROGRAM = "dataflow_config.agent_loop_config={program: helpers.programs:pinger, max_turns: 2}"
-
-
-def test_an_agent_program_run_killed_in_its_rollout_reruns_to_the_same_weights(agent_project, tmp_path):
-    """The agent run with its agent an OpenAI-client program (helpers.programs.pinger): run uninterrupted, and
-    killed by SIGKILL in step 2's rollout as the endpoint appends a program's tool results, then rerun; both
-    end on the same weights, with the same rollouts, every step's tokens recorded as sampled."""
-    runs = {}
-    for name in ("uninterrupted", "killed"):
-        project = fresh_copy(agent_project, tmp_path / name)
-        edit_params(project / "params.yaml", [PROGRAM])
-        runs[name] = project
-    done = fit(runs["uninterrupted"])
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = pq.read_table(RunLayout(runs["uninterrupted"] / "runs/demo").step(1).rollouts).to_pylist()
-    answered = sum(any(call["turn"] == 0 for call in json.loads(row["tool_calls"])) for row in rows)
-    assert answered > 0, "the program's model called no tool"
-    kill = f"{AGENT_KILL}@{answered + 1}"  # each result a program sends back reaches it once: step 2's first
-    assert killed_and_resumed(runs["killed"], [kill], STEPS) == "resumed to the reference"
-    assert final_policy(runs["killed"]) == final_policy(runs["uninterrupted"])
-    assert not differing_artifacts(runs["killed"], runs["uninterrupted"])
-
-
 def test_an_agent_runs_tool_tokens_are_masked_unscored_and_the_templates_rendering(agent_run):
     """The uninterrupted agent run's rollouts (here, where the run is made anyway) hold what the GPU check
     asserts of LMDeploy's (helpers.teaching.check_tool_tokens)."""

@@ -94,16 +94,16 @@ class DaemonThreads:
 class EventLoopThread:
     """An event loop run in a daemon thread, started on first use, for the coroutines of async tools."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "rlx-tool-loop") -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
+        self._lock, self.name = threading.Lock(), name
 
     def submit(self, coroutine: Coroutine) -> Future:
         """Run ``coroutine`` on the loop; its future (cancelling it cancels the coroutine)."""
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._serve, args=(self._loop,), name="rlx-tool-loop", daemon=True).start()
+                threading.Thread(target=self._serve, args=(self._loop,), name=self.name, daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     @staticmethod

@@ -28,6 +28,7 @@ from rlx.config import AgentLoopConfig, SampleParams
 from rlx.plugins import AgentProgram
 from rlx.tokens import decode_many
 
+PROGRAM_LOOP = "rlx-program-loop"  # the name of the thread in-process programs run in
 CLOSE_S = 1.0  # seconds the programs' connection pool may take to close
 STDERR_SHOWN = 300  # characters of a failed command's standard error kept as its reason
 
@@ -42,7 +43,7 @@ class ProgramThread:
     of its own builds an SSL context, 27 ms a call's client on a 2-core EPYC, for a server on plain HTTP."""
 
     def __init__(self) -> None:
-        self.loop, self.http = EventLoopThread(), None
+        self.loop, self.http = EventLoopThread(PROGRAM_LOOP), None
 
     async def on_loop(self, coroutine):
         return await asyncio.wrap_future(self.loop.submit(coroutine))

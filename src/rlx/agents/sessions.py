@@ -12,6 +12,7 @@ decoded and encoded again, the ids need not be the ones sampled, TRL issue #5224
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from rlx.agents.format import parse_calls, shown_results, tool_turn_ids
@@ -52,7 +53,7 @@ def openai_message(text: str, raw: str, tools: list[dict] | None, turn: int) -> 
         content = content.replace(f"<tool_call>{call.raw}</tool_call>", "").replace(call.raw, "")
     tool_calls = [
         {
-            "id": f"call_{turn}_{index}",
+            "id": f"call_{turn}_{index}",  # the turn counts from 1, as the record's does
             "type": "function",
             "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
         }
@@ -61,28 +62,31 @@ def openai_message(text: str, raw: str, tools: list[dict] | None, turn: int) -> 
     message = {"role": "assistant", "content": content.strip() if calls else text}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    record = [
-        {"turn": turn, "tool": call.name, "arguments": call.arguments, "id": made["id"], "result": None,
-         "error": None, "timed_out": False}
+    record = [  # the built-in loop's record of a call (rlx.agents.loop.AgentLoop.record_calls), and its id
+        {"turn": turn, "tool": call.name, "arguments": json.dumps(call.arguments), "result": None, "error": None,
+         "timed_out": False, "seconds": None, "id": made["id"]}
         for call, made in zip(calls, tool_calls, strict=True)
     ]  # fmt: skip
     return message, record
 
 
-def shown_turn(tokenizer, messages: list[dict], calls: list[dict], limit: int) -> list[dict]:
-    """Messages a program added, as the model is shown them (their role and text): a tool result past
-    ``limit`` tokens cut with a note, as the built-in loop cuts it. Each result is kept in the record of the
-    call it answers (by ``tool_call_id``), with its error if cut."""
+def shown_turn(tokenizer, messages: list[dict], calls: list[dict], limit: int, seconds: float) -> list[dict]:
+    """Messages a program added, as the model is shown them (their role and text; a tool result with its
+    tool's name, as the built-in loop renders it): a tool result past ``limit`` tokens cut with a note. Each
+    result is kept in the record of the call it answers (by ``tool_call_id``), with its error if cut and the
+    ``seconds`` the program took to send it."""
     results = [message_text(m.get("content")) for m in messages if m["role"] == "tool"]
     shown = iter(shown_results(tokenizer, [(text, None) for text in results], limit))
     by_id, turn = {call["id"]: call for call in calls}, []
     for message in messages:
-        text = message_text(message.get("content"))
-        if message["role"] == "tool":
-            text, error = next(shown)
-            if message.get("tool_call_id") in by_id:
-                by_id[message["tool_call_id"]].update(result=text, error=error)
-        turn.append({"role": message["role"], "content": text})
+        text, call = message_text(message.get("content")), by_id.get(message.get("tool_call_id"))
+        if message["role"] != "tool":
+            turn.append({"role": message["role"], "content": text})
+            continue
+        text, error = next(shown)
+        if call is not None:
+            call.update(result=text, error=error, seconds=seconds)
+        turn.append({"role": "tool", **({"name": call["tool"]} if call else {}), "content": text})
     return turn
 
 
@@ -99,6 +103,7 @@ class AgentSession:
     seen: list[tuple] = field(default_factory=list)
     tools: list[dict] | None = None
     segments: list[dict] = field(default_factory=list)
+    replied_at: float = 0.0  # when the last reply went out: a tool result's seconds count from it
     failure: str | None = None  # why the trajectory scores 0 (the program raised, hung, called too often...)
     answer: str | None = None
     reward: float | None = None
@@ -118,7 +123,9 @@ class AgentSession:
         canon = [canonical(message) for message in messages]
         extends = len(canon) > len(self.seen) and canon[: len(self.seen)] == self.seen and tools == self.tools
         if self.trajectory is not None and extends:
-            turn = shown_turn(self.tokenizer, messages[len(self.seen) :], self.trajectory.calls, self.tool_limit)
+            since = time.perf_counter() - self.replied_at
+            added = messages[len(self.seen) :]
+            turn = shown_turn(self.tokenizer, added, self.trajectory.calls, self.tool_limit, since)
             added = tool_turn_ids(self.tokenizer, turn)
             self.trajectory.append(added, 0, [None] * len(added))
             faults.point("agent.tool_results")
@@ -137,11 +144,12 @@ class AgentSession:
         trajectory.append(ids, 1, generation.logprobs[: len(ids)])
         trajectory.turns += 1
         text = self.tokenizer.decode(ids, skip_special_tokens=True) if cut else generation.text
-        message, calls = openai_message(text, raw, self.tools, trajectory.turns - 1)
+        message, calls = openai_message(text, raw, self.tools, trajectory.turns)
         trajectory.calls += calls
         trajectory.final_text = message_text(message["content"])
         trajectory.finish_reason = "length" if cut else generation.finish_reason
         self.seen.append(canonical(message))
+        self.replied_at = time.perf_counter()
         return message
 
 
