@@ -135,13 +135,14 @@ def test_each_fault_of_a_program_scores_its_rollout_0_with_its_reason_and_the_ot
     for program, reason in FAULTS.items():
         assert (ran[program].finish_reason, ran[program].reward_error) == ("program_failed", reason), program
     garbage = ran["helpers.programs:sends_garbage"]
-    assert (garbage.finish_reason, garbage.turns) == ("length", 1)
+    assert (garbage.finish_reason, garbage.turns, garbage.refused_calls) == ("length", 1, 1)
     rows = [{"data_source": "rlx/arith", "ground_truth": "9", "response_len": len(t.response_ids),
              "finish_reason": t.finish_reason, **t.columns()} for t in ran.values()]  # fmt: skip
     judged = judge_rows(Panel(JudgerConfig()), rows, "final_text")
     assert [j["error"] for j in judged][: len(FAULTS)] == [f"program: {reason}" for reason in FAULTS.values()]
     assert [j["reward"] for j in judged] == [0.0] * len(rows)
-    assert tool_use(rows, "agent")["agent/program_failures"] == len(FAULTS)
+    used = tool_use(rows, "agent")
+    assert (used["agent/program_failures"], used["agent/refused_calls"]) == (len(FAULTS), 2)  # garbage, chatty
 
 
 def test_a_command_program_reads_its_row_and_endpoint_from_stdin_and_environment(sampler, tokenizer):

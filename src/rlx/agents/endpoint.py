@@ -13,6 +13,7 @@ the same.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from rlx.agents.sessions import AgentSession
 from rlx.config import SampleParams
 
 MODEL = "rlx-policy"
+CLOSE_S = 1.0  # seconds calls still in flight as the step ends may take (their programs have ended)
 RUN_FIXED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed"}
 
 
@@ -93,19 +95,18 @@ class Endpoint:
     def __init__(self, turns: TurnRequests, sessions: dict[str, AgentSession], params: SampleParams, limits: Limits):
         self.turns, self.sessions, self.params, self.limits = turns, sessions, params, limits
         self.order = {key: index for index, key in enumerate(sessions)}
-        self.bad_calls = 0
         self.runner: web.AppRunner | None = None
 
     async def start(self) -> str:
         """Serve on a free port of 127.0.0.1; the base URL (``http://127.0.0.1:PORT/v1``)."""
         app = web.Application(client_max_size=64 << 20)
         app.add_routes([web.get("/v1/models", self.models), web.post("/v1/chat/completions", self.chat)])
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=CLOSE_S)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}/v1"
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))  # a free port, chosen by the system
+        await web.SockSite(self.runner, listening).start()
+        return f"http://127.0.0.1:{listening.getsockname()[1]}/v1"
 
     async def close(self) -> None:
         if self.runner is not None:
@@ -115,17 +116,20 @@ class Endpoint:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "rlx"}]})
 
     async def chat(self, request: web.Request) -> web.Response:
+        session = None
         try:
             session = self.session_of(request)
             body = await request.json(loads=json.loads)
             return web.json_response(await self.answer(session, read_call(body, self.params)))
         except json.JSONDecodeError as exc:
-            return self.refuse(BadCall(400, f"the body is not JSON ({exc})"))
+            return self.refuse(BadCall(400, f"the body is not JSON ({exc})"), session)
         except BadCall as exc:
-            return self.refuse(exc)
+            return self.refuse(exc, session)
 
-    def refuse(self, exc: BadCall) -> web.Response:
-        self.bad_calls += 1
+    def refuse(self, exc: BadCall, session: AgentSession | None) -> web.Response:
+        """OpenAI's error object, the refusal counted against the session it names, if any."""
+        if session is not None:
+            session.refused += 1
         kind = "invalid_request_error" if exc.status == 400 else "rlx_error"
         return web.json_response({"error": {"message": str(exc), "type": kind}}, status=exc.status)
 

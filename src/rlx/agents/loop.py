@@ -303,8 +303,8 @@ def number(outcome: Outcome) -> tuple[float | None, str | None]:
 def tool_use(rows: list[dict], prefix: str) -> dict:
     """How agents used their tools over rollout rows (or eval samples): turns, calls, the share of
     rollouts with a call, calls that failed or timed out, rollouts stopped at ``max_turns``, environments
-    whose ``reset`` failed; and for an agent program's, the programs that failed and the histories they
-    rewrote."""
+    whose ``reset`` failed; and for an agent program's, the programs that failed, the histories they
+    rewrote and the calls the endpoint refused them."""
     calls = [call for row in rows for call in json.loads(row["tool_calls"])]
     used = {
         f"{prefix}/turns/mean": sum(row["turns"] for row in rows) / len(rows),
@@ -318,4 +318,5 @@ def tool_use(rows: list[dict], prefix: str) -> dict:
     if "segments" in rows[0]:  # an agent program's rollouts (rlx.agents.programs)
         used[f"{prefix}/program_failures"] = sum(row["finish_reason"] == PROGRAM_FAILED for row in rows)
         used[f"{prefix}/rewritten_histories"] = sum(len(json.loads(row["segments"])) for row in rows)
+        used[f"{prefix}/refused_calls"] = sum(row["refused_calls"] for row in rows)
     return used

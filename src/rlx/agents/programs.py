@@ -105,13 +105,14 @@ async def run_command(command: tuple[str, ...], base_url: str, key: str, row: di
 
 @dataclass
 class ProgramTrajectory(Trajectory):
-    """A program's rollout: a built-in agent's columns, and what only a program's has (segments its
-    rewritten histories left, calls the endpoint refused)."""
+    """A program's rollout: a built-in agent's columns, and what only a program's has (the segments its
+    rewritten histories left, the calls the endpoint refused)."""
 
     segments: list[dict] = field(default_factory=list)
+    refused_calls: int = 0
 
     def columns(self) -> dict:
-        return {**super().columns(), "segments": json.dumps(self.segments)}
+        return {**super().columns(), "segments": json.dumps(self.segments), "refused_calls": self.refused_calls}
 
 
 class ProgramLoop:
@@ -184,7 +185,7 @@ def finished(session: AgentSession, prompt_ids: list[int]) -> ProgramTrajectory:
     """A session's rollout: its last segment, the answer its program gave, or its failure."""
     made = session.trajectory or Trajectory(list(prompt_ids), Session({}, None, None), finish_reason="stop")
     trajectory = ProgramTrajectory(**{name: getattr(made, name) for name in made.__dataclass_fields__})
-    trajectory.segments = session.segments
+    trajectory.segments, trajectory.refused_calls = session.segments, session.refused
     if session.answer is not None:
         trajectory.final_text = session.answer
     trajectory.reward = session.reward

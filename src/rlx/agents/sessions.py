@@ -104,6 +104,7 @@ class AgentSession:
     tools: list[dict] | None = None
     segments: list[dict] = field(default_factory=list)
     replied_at: float = 0.0  # when the last reply went out: a tool result's seconds count from it
+    refused: int = 0  # calls the endpoint refused (malformed, other sampling, past the budget)
     failure: str | None = None  # why the trajectory scores 0 (the program raised, hung, called too often...)
     answer: str | None = None
     reward: float | None = None
