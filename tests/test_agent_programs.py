@@ -19,6 +19,7 @@ from rlx.agents.format import tool_turn_ids
 from rlx.agents.loop import reset_row, tool_use
 from rlx.agents.programs import PROGRAM_LOOP, ProgramLoop
 from rlx.config import AgentLoopConfig, JudgerConfig, SampleParams
+from rlx.errors import UserError
 from rlx.judgers import Panel
 from rlx.judgers.rows import judge_rows
 from rlx.lineage.record import edit_params
@@ -95,6 +96,11 @@ def test_a_program_continues_from_the_sampled_ids_not_from_its_text_encoded_agai
     assert (recorded["turn"], recorded["tool"], recorded["result"]) == (1, "add", "9")
     assert json.loads(recorded["arguments"]) == {"a": 4, "b": 5} and recorded["seconds"] >= 0
     assert json.loads(rollout.columns()["segments"]) == []
+    requests = json.loads(rollout.columns()["requests"])
+    assert [(r["segment"], r["prompt_tokens"], r["response_tokens"]) for r in requests] == [
+        (0, len(prompt), len(call)),
+        (0, len(prompt) + len(call) + len(tool), len(answer)),
+    ]
 
 
 def test_concurrent_programs_keep_their_own_trajectories_and_a_rerun_is_bitwise_the_same(sampler, tokenizer):
@@ -117,32 +123,42 @@ def test_a_rewritten_history_starts_a_new_segment_and_keeps_the_old_one(sampler,
     assert tokenizer.decode(rollout.prompt_ids).count("Again: 4 + 5?") == 1
 
 
-FAULTS = {
-    "helpers.programs:raises": "raised ValueError: the agent's own bug",
-    "helpers.programs:hangs": "no answer within 1.0 s (agent_loop_config.program_timeout)",
-    "helpers.programs:chatty": "more than 2 calls (agent_loop_config.max_turns)",
-    "helpers.programs:says_nothing": "returned {'not': 'an answer'}, not an answer (a string) or a reward (a number)",
+FAULTS = {  # each fault of helpers.programs.faulty, by the ground truth that makes it
+    "raises": "raised ValueError: the agent's own bug",
+    "hangs": "no answer within 1.0 s (agent_loop_config.program_timeout)",
+    "chatty": "more than 2 calls (agent_loop_config.max_turns)",
+    "says_nothing": "returned {'not': 'an answer'}, not an answer (a string) or a reward (a number)",
 }
 
 
 def test_each_fault_of_a_program_scores_its_rollout_0_with_its_reason_and_the_others_go_on(sampler, tokenizer):
-    """All at once with a program that behaves: the hung one is given up at its deadline, and the step ends."""
+    """All at once, beside a program that sends a malformed call and one that behaves: the hung one is given
+    up at its deadline, the others end as they would alone."""
     started = time.perf_counter()
-    ran = {}
-    for program in [*FAULTS, "helpers.programs:sends_garbage"]:
-        (ran[program],) = rollouts(program, sampler, tokenizer, max_turns=2, program_timeout=1.0)
+    golds = [*FAULTS, "garbage", "9"]
+    made = rollouts("helpers.programs:faulty", sampler, tokenizer, golds, max_turns=2, program_timeout=1.0)
+    ran = dict(zip(golds, made, strict=True))
     assert time.perf_counter() - started < 30
-    for program, reason in FAULTS.items():
-        assert (ran[program].finish_reason, ran[program].reward_error) == ("program_failed", reason), program
-    garbage = ran["helpers.programs:sends_garbage"]
-    assert (garbage.finish_reason, garbage.turns, garbage.refused_calls) == ("length", 1, 1)
+    for gold, reason in FAULTS.items():
+        assert (ran[gold].finish_reason, ran[gold].reward_error) == ("program_failed", reason), gold
+    assert (ran["garbage"].reward_error, ran["garbage"].turns, ran["garbage"].refused_calls) == (None, 1, 1)
+    assert (ran["9"].reward_error, ran["9"].turns, ran["9"].final_text) == (None, 2, "#### 9")
     rows = [{"data_source": "rlx/arith", "ground_truth": "9", "response_len": len(t.response_ids),
              "finish_reason": t.finish_reason, **t.columns()} for t in ran.values()]  # fmt: skip
     judged = judge_rows(Panel(JudgerConfig()), rows, "final_text")
     assert [j["error"] for j in judged][: len(FAULTS)] == [f"program: {reason}" for reason in FAULTS.values()]
-    assert [j["reward"] for j in judged] == [0.0] * len(rows)
+    assert [j["reward"] for j in judged] == [0.0] * (len(rows) - 1) + [1.0]
     used = tool_use(rows, "agent")
     assert (used["agent/program_failures"], used["agent/refused_calls"]) == (len(FAULTS), 2)  # garbage, chatty
+
+
+def test_a_program_that_fails_on_every_row_stops_the_run_in_one_line(sampler, tokenizer):
+    """Failing everywhere is the program's (or the setup's) fault, not the rollouts': no step trains on it."""
+    with pytest.raises(UserError) as failed:
+        rollouts("helpers.programs:raises", sampler, tokenizer, golds=["9", "9"])
+    assert str(failed.value) == (
+        "agent_loop_config.program: raised ValueError: the agent's own bug, on every prompt row"
+    )
 
 
 def test_a_command_program_reads_its_row_and_endpoint_from_stdin_and_environment(sampler, tokenizer):
@@ -154,7 +170,7 @@ def test_a_command_program_reads_its_row_and_endpoint_from_stdin_and_environment
 
 
 def test_sampling_the_run_fixes_is_refused_with_the_field_named(sampler, tokenizer):
-    (rollout,) = rollouts("helpers.programs:hotter", sampler, tokenizer)
+    rollout, _ = rollouts("helpers.programs:hotter", sampler, tokenizer, golds=["9", "behaves"])
     assert rollout.finish_reason == "program_failed"
     assert "temperature 0.3: this run samples with 0.0 (its dataflow_config.sample_params)" in rollout.reward_error
 

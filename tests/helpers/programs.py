@@ -74,6 +74,9 @@ async def sends_garbage(client, row):
 
 
 async def hotter(client, row):
+    """Asks for another temperature on its first row (gold ``9``); behaves on the others."""
+    if row["ground_truth"] != "9":
+        return await adder(client, row)
     await client.chat.completions.create(model="rlx-policy", messages=row["prompt"], temperature=0.3)
     return "unreachable"
 
@@ -107,3 +110,11 @@ async def one_call(client, row):
     """One call, its reply the answer: what the endpoint's overhead benchmark makes 64 of at once."""
     reply = await client.chat.completions.create(model="rlx-policy", messages=row["prompt"])
     return reply.choices[0].message.content
+
+
+async def faulty(client, row):
+    """The fault its row's ground truth names (``raises``, ``hangs``, ...), or a program that behaves (``9``)."""
+    behaviours = {
+        "raises": raises, "hangs": hangs, "chatty": chatty, "says_nothing": says_nothing, "garbage": sends_garbage,
+    }  # fmt: skip
+    return await behaviours.get(row["ground_truth"], adder)(client, row)

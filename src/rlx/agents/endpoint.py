@@ -153,8 +153,13 @@ class Endpoint:
             return completion(session, {"role": "assistant", "content": ""}, "length", len(ids), [], [])
         params = self.params.model_copy(update={"max_tokens": min(call.cap or left, left)})
         seed = turn_seed(session.row_seed, session.calls)
-        generation, raw = await self.turns.generate(self.order[session.key], ids, params, seed)
-        message = session.take(generation, raw, self.limits.max_tokens)
+        session.waiting_since = time.perf_counter()
+        try:
+            generation, raw = await self.turns.generate(self.order[session.key], ids, params, seed)
+        finally:
+            waited, session.waiting_since = time.perf_counter() - session.waiting_since, None
+            session.model_wait += waited
+        message = session.take(generation, raw, self.limits.max_tokens, waited)
         finish = "tool_calls" if message.get("tool_calls") else session.trajectory.finish_reason
         logprobs = generation.logprobs if call.logprobs else None
         return completion(session, message, finish, len(ids), generation.response_ids, logprobs)

@@ -7,7 +7,8 @@ the row as JSON on stdin and finds ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` in
 the prompt row (``data_source``, ``prompt`` messages, ``ground_truth``). It returns (a command prints) its
 answer, which the judgers score as they score a built-in agent's last turn, or a number, its own reward (the
 ``environment`` judger reads it). A program that raises, exits non-zero, runs past ``program_timeout`` or
-calls past ``max_turns`` scores 0, its reason kept (``environment_error``) and counted.
+calls past ``max_turns`` scores 0, its reason kept (``environment_error``) and counted; one that fails on
+every row of a batch stops the run in one line (as an environment whose ``reset`` fails everywhere does).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from numbers import Real
 
@@ -25,6 +27,7 @@ from rlx.agents.sessions import AgentSession
 from rlx.agents.stopping import warn_still_running
 from rlx.agents.tools import Session
 from rlx.config import AgentLoopConfig, SampleParams
+from rlx.errors import UserError
 from rlx.plugins import AgentProgram
 from rlx.tokens import decode_many
 
@@ -106,13 +109,15 @@ async def run_command(command: tuple[str, ...], base_url: str, key: str, row: di
 @dataclass
 class ProgramTrajectory(Trajectory):
     """A program's rollout: a built-in agent's columns, and what only a program's has (the segments its
-    rewritten histories left, the calls the endpoint refused)."""
+    rewritten histories left, each call answered, the calls the endpoint refused)."""
 
     segments: list[dict] = field(default_factory=list)
+    requests: list[dict] = field(default_factory=list)
     refused_calls: int = 0
 
     def columns(self) -> dict:
-        return {**super().columns(), "segments": json.dumps(self.segments), "refused_calls": self.refused_calls}
+        made = {"segments": json.dumps(self.segments), "requests": json.dumps(self.requests)}
+        return {**super().columns(), **made, "refused_calls": self.refused_calls}
 
 
 class ProgramLoop:
@@ -131,6 +136,8 @@ class ProgramLoop:
         sessions = [AgentSession(f"rlx-{seed}-{i}", seed + i, self.tokenizer, limit) for i in range(len(starts))]
         run_to_end(self.converse_all(sampler, sessions, [row for row, _ in starts]))
         warn_still_running()
+        if sessions and all(session.failure for session in sessions):
+            raise UserError(f"agent_loop_config.program: {sessions[0].failure}, on every prompt row")
         return self.finish(sessions, [ids for _, ids in starts])
 
     async def converse_all(self, sampler, sessions: list[AgentSession], rows: list[dict]) -> None:
@@ -159,7 +166,7 @@ class ProgramLoop:
         """One program run to its answer under ``program_timeout``; why it failed, if it did."""
         timeout = self.config.program_timeout
         try:
-            said = await asyncio.wait_for(self.running(programs, base_url, session.key, row), timeout)
+            said = await within_deadline(self.running(programs, base_url, session.key, row), session, timeout)
             session.answer = said if isinstance(said, str) else None
             session.reward = float(said) if isinstance(said, Real) and not isinstance(said, bool) else None
             if session.answer is None and session.reward is None:
@@ -181,11 +188,27 @@ class ProgramLoop:
         return trajectories
 
 
+async def within_deadline(running, session: AgentSession, timeout: float) -> object:
+    """What ``running`` returns, unless the program spends ``timeout`` seconds of its own first (its waits for
+    the model not counted: a batch per round waits for every rollout's program, the hung one's too, and the
+    others must not pay for it); then it is cancelled (a command killed) and TimeoutError raised."""
+    task, started = asyncio.ensure_future(running), time.perf_counter()
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=max(timeout - session.own_seconds(started), 0.0))
+        if done:
+            return task.result()
+        if session.own_seconds(started) >= timeout:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise TimeoutError
+
+
 def finished(session: AgentSession, prompt_ids: list[int]) -> ProgramTrajectory:
     """A session's rollout: its last segment, the answer its program gave, or its failure."""
     made = session.trajectory or Trajectory(list(prompt_ids), Session({}, None, None), finish_reason="stop")
     trajectory = ProgramTrajectory(**{name: getattr(made, name) for name in made.__dataclass_fields__})
-    trajectory.segments, trajectory.refused_calls = session.segments, session.refused
+    trajectory.segments, trajectory.requests = session.segments, session.requests
+    trajectory.refused_calls = session.refused
     if session.answer is not None:
         trajectory.final_text = session.answer
     trajectory.reward = session.reward

@@ -103,6 +103,9 @@ class AgentSession:
     seen: list[tuple] = field(default_factory=list)
     tools: list[dict] | None = None
     segments: list[dict] = field(default_factory=list)
+    requests: list[dict] = field(default_factory=list)  # each call answered: its tokens and seconds
+    model_wait: float = 0.0  # seconds its calls have waited for the model, and since when one waits now
+    waiting_since: float | None = None
     replied_at: float = 0.0  # when the last reply went out: a tool result's seconds count from it
     refused: int = 0  # calls the endpoint refused (malformed, other sampling, past the budget)
     failure: str | None = None  # why the trajectory scores 0 (the program raised, hung, called too often...)
@@ -113,6 +116,11 @@ class AgentSession:
     def calls(self) -> int:
         """Calls answered so far, in every segment: the session's call budget counts them all."""
         return sum(segment["turns"] for segment in self.segments) + (self.trajectory.turns if self.trajectory else 0)
+
+    def own_seconds(self, started: float) -> float:
+        """Seconds since ``started`` the program spent on its own, not waiting for the model."""
+        now = time.perf_counter()
+        return now - started - self.model_wait - (now - self.waiting_since if self.waiting_since else 0.0)
 
     @property
     def response_tokens(self) -> int:
@@ -137,10 +145,16 @@ class AgentSession:
         self.seen, self.tools = canon, tools
         return self.trajectory.context()
 
-    def take(self, generation: Generation, raw: str, budget: int) -> dict:
-        """The model's turn added to the trajectory (cut at the session's token ``budget``); its OpenAI message."""
+    def take(self, generation: Generation, raw: str, budget: int, seconds: float) -> dict:
+        """The model's turn added to the trajectory (cut at the session's token ``budget``); its OpenAI message.
+        The call is recorded: its context's and reply's token counts (the ids are the trajectory's) and the
+        ``seconds`` it waited for the reply."""
         trajectory = self.trajectory
         ids = generation.response_ids[: budget - len(trajectory.response_ids)]
+        context = len(trajectory.prompt_ids) + len(trajectory.response_ids)
+        self.requests.append(
+            {"segment": len(self.segments), "prompt_tokens": context, "response_tokens": len(ids), "seconds": seconds}
+        )
         cut = len(ids) < len(generation.response_ids)
         trajectory.append(ids, 1, generation.logprobs[: len(ids)])
         trajectory.turns += 1

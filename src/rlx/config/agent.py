@@ -36,8 +36,9 @@ class AgentLoopConfig(Section):
         60.0,
         gt=0,
         le=86400,
-        description="rlx addition, with program: seconds one rollout's program may run; past it the rollout "
-        "scores 0 (counted) and the step goes on.",
+        description="rlx addition, with program: seconds one rollout's program may spend on its own (its waits "
+        "for the model not counted); past it the program is stopped, the rollout scores 0 (counted) and the step "
+        "goes on.",
     )
     max_turns: int = Field(
         4,
