@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from numbers import Real
@@ -133,7 +134,8 @@ class ProgramLoop:
 
     def run(self, sampler, starts: list[tuple[dict, list[int]]], seed: int) -> list[ProgramTrajectory]:
         limit = self.config.max_tool_response_tokens
-        sessions = [AgentSession(f"rlx-{seed}-{i}", seed + i, self.tokenizer, limit) for i in range(len(starts))]
+        keys = [f"rlx-{i}-{secrets.token_hex(12)}" for i in range(len(starts))]  # no program can guess another's
+        sessions = [AgentSession(key, seed + i, self.tokenizer, limit) for i, key in enumerate(keys)]
         run_to_end(self.converse_all(sampler, sessions, [row for row, _ in starts]))
         warn_still_running()
         if sessions and all(session.failure for session in sessions):
