@@ -147,7 +147,12 @@ class Endpoint:
         if session.calls >= self.limits.max_calls:
             session.failure = f"more than {self.limits.max_calls} calls (agent_loop_config.max_turns)"
             raise BadCall(429, session.failure)
-        ids = session.context(call.messages, call.tools)
+        try:
+            ids = session.context(call.messages, call.tools)
+        except Exception as exc:  # noqa: BLE001 - the chat template's error on what the program sent
+            raise BadCall(
+                400, f"messages: the chat template cannot render them ({type(exc).__name__}: {exc})"
+            ) from None
         left = self.limits.max_tokens - session.response_tokens
         if left <= 0:
             return completion(session, {"role": "assistant", "content": ""}, "length", len(ids), [], [])

@@ -35,11 +35,19 @@ def message_text(content) -> str:
 def canonical(message: dict) -> tuple:
     """What a message is, for telling whether a call's history is the one the session's ids hold: its role,
     text and tool calls (name and arguments, parsed), not the fields clients add or drop (ids, refusal, None)."""
-    calls = tuple(
-        (call["function"]["name"], json.dumps(json.loads(call["function"]["arguments"] or "{}"), sort_keys=True))
-        for call in message.get("tool_calls") or ()
-    )
+    calls = tuple(call_key(call) for call in message.get("tool_calls") or ())
     return message["role"], message_text(message.get("content")).strip(), calls
+
+
+def call_key(call: dict) -> tuple:
+    """A tool call's name and arguments (as parsed JSON, keys sorted; as sent where they do not parse)."""
+    function = call.get("function") or {} if isinstance(call, dict) else {}
+    arguments = function.get("arguments") or "{}"
+    try:
+        arguments = json.dumps(json.loads(arguments), sort_keys=True)
+    except (TypeError, ValueError):
+        arguments = str(arguments)
+    return function.get("name"), arguments
 
 
 def openai_message(text: str, raw: str, tools: list[dict] | None, turn: int) -> tuple[dict, list[dict]]:
@@ -139,9 +147,10 @@ class AgentSession:
             self.trajectory.append(added, 0, [None] * len(added))
             faults.point("agent.tool_results")
         else:
+            started = Trajectory(prompt_ids(self.tokenizer, messages, tools), Session({}, None, None))
             if self.trajectory is not None:
                 self.segments.append(segment_record(self.trajectory))
-            self.trajectory = Trajectory(prompt_ids(self.tokenizer, messages, tools), Session({}, None, None))
+            self.trajectory = started
         self.seen, self.tools = canon, tools
         return self.trajectory.context()
 
