@@ -103,6 +103,15 @@ def test_a_program_continues_from_the_sampled_ids_not_from_its_text_encoded_agai
     ]
 
 
+def test_a_streamed_conversation_is_the_same_rollout(sampler, tokenizer):
+    """``stream: true`` (as the OpenAI client streams, chunk by chunk) gives the program the same reply, and the
+    rollout the same tokens, as the plain calls."""
+    fields = lambda t: (t.prompt_ids, t.response_ids, t.response_mask, t.logprobs, t.final_text)  # noqa: E731
+    (plain,) = rollouts("helpers.programs:adder", sampler, tokenizer)
+    (streamed,) = rollouts("helpers.programs:streaming_adder", sampler, tokenizer)
+    assert fields(streamed) == fields(plain) and streamed.turns == 2
+
+
 def test_concurrent_programs_keep_their_own_trajectories_and_a_rerun_is_bitwise_the_same(sampler, tokenizer):
     """Eight programs at once, each with its key: each trajectory is a whole conversation of its own, and
     the same seed gives the same ids, log-probs and texts."""

@@ -118,3 +118,27 @@ async def faulty(client, row):
         "raises": raises, "hangs": hangs, "chatty": chatty, "says_nothing": says_nothing, "garbage": sends_garbage,
     }  # fmt: skip
     return await behaviours.get(row["ground_truth"], adder)(client, row)
+
+
+async def streaming_adder(client, row):
+    """:func:`adder` with its replies streamed, the tool calls put together from the chunks as agents do."""
+    messages = list(row["prompt"])
+    for _ in range(4):
+        stream = await client.chat.completions.create(model="rlx-policy", messages=messages, tools=[ADD], stream=True)
+        content, calls = "", {}
+        async for chunk in stream:
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                made = calls.setdefault(call.index, {"id": call.id, "type": "function", "function": {}})
+                made["function"]["name"] = made["function"].get("name", "") + (call.function.name or "")
+                made["function"]["arguments"] = made["function"].get("arguments", "") + (call.function.arguments or "")
+        if not calls:
+            return content
+        messages.append({"role": "assistant", "content": content, "tool_calls": list(calls.values())})
+        for call in calls.values():
+            arguments = json.loads(call["function"]["arguments"])
+            messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "content": str(arguments["a"] + arguments["b"])}
+            )
+    return content

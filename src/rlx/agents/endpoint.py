@@ -5,7 +5,8 @@ step's sampler (rlx.agents.loop.TurnRequests: continuous batching on LMDeploy, a
 Each (row, sample) has its own API key, which names its session (rlx.agents.sessions): concurrent programs
 never share a trajectory, and a program needs nothing but ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``. The run
 fixes the sampling (temperature, top-p, top-k, seed): a call asking for other values gets a 400 naming the
-field, not a silent change; ``max_tokens`` may only shorten a call. Call ``t`` of a session samples from
+field, not a silent change; ``max_tokens`` may only shorten a call. ``stream`` is served as one chunk (a turn
+is sampled whole). Call ``t`` of a session samples from
 ``derive(row_seed, t)``, as the built-in loop's turn ``t`` does, so a deterministic program's rerun is bitwise
 the same.
 """
@@ -53,19 +54,19 @@ def refused_sampling(body: dict, params: SampleParams) -> str | None:
             return f"{field} {asked!r}: this run samples with {fixed!r} (its dataflow_config.sample_params)"
     if body.get("n", 1) != 1:
         return f"n {body['n']!r}: one choice per call (each session is one trajectory)"
-    if body.get("stream"):
-        return "stream: not served; ask without it"
     return None
 
 
 @dataclass
 class Call:
-    """What a chat-completions call asks: its conversation, tools, token cap and whether to return log-probs."""
+    """What a chat-completions call asks: its conversation, tools, token cap, whether to return log-probs and
+    whether to stream the reply."""
 
     messages: list[dict]
     tools: list[dict] | None
     cap: int | None
     logprobs: bool
+    stream: bool
 
 
 def read_call(body: object, params: SampleParams) -> Call:
@@ -82,7 +83,7 @@ def read_call(body: object, params: SampleParams) -> Call:
     cap = body.get("max_completion_tokens", body.get("max_tokens"))
     if cap is not None and (not isinstance(cap, int) or cap < 1):
         raise BadCall(400, f"max_tokens {cap!r}: a positive integer is needed")
-    return Call(messages, tools, cap, bool(body.get("logprobs")))
+    return Call(messages, tools, cap, bool(body.get("logprobs")), bool(body.get("stream")))
 
 
 def _is_message(message: object) -> bool:
@@ -119,8 +120,9 @@ class Endpoint:
         session = None
         try:
             session = self.session_of(request)
-            body = await request.json(loads=json.loads)
-            return web.json_response(await self.answer(session, read_call(body, self.params)))
+            call = read_call(await request.json(loads=json.loads), self.params)
+            answered = await self.answer(session, call)
+            return await streamed(request, answered) if call.stream else web.json_response(answered)
         except json.JSONDecodeError as exc:
             return self.refuse(BadCall(400, f"the body is not JSON ({exc})"), session)
         except BadCall as exc:
@@ -186,3 +188,24 @@ def completion(
         "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": len(made), "total_tokens": prompt + len(made)},
     }
+
+
+async def streamed(request: web.Request, answered: dict) -> web.StreamResponse:
+    """A completion as OpenAI's stream of chunks (server-sent events): the whole turn in one delta (it is
+    sampled whole), then its finish reason, then ``[DONE]``."""
+    (choice,) = answered["choices"]
+    delta = {key: value for key, value in choice["message"].items() if key != "tool_calls"}
+    if calls := choice["message"].get("tool_calls"):
+        delta["tool_calls"] = [{"index": index, **call} for index, call in enumerate(calls)]
+    chunk = {key: answered[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    events = [
+        chunk | {"choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": choice["logprobs"]}]},
+        chunk | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+    ]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for event in events:
+        await response.write(f"data: {json.dumps(event)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
