@@ -51,6 +51,7 @@ LMDEPLOY_NEEDS = [
 RLX_NEEDS = [
     *("peft", "dvc", "math-verify", "pydantic", "ruamel.yaml", "ruamel.yaml.clib", "pyyaml", "xxhash"),
     "pygit2",  # a DVC dependency too (through scmrepo); rlx.lineage.experiment uses it itself
+    "openai",  # the client agent programs are given (rlx.agents.programs); with jiter and distro, its own needs
 ]
 DEEPSPEED_NEEDS = ["hjson", "msgpack", "ninja", "nvidia-ml-py", "einops"]
 RAY = re.search(r'"(ray==[^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
@@ -67,7 +68,7 @@ DEVICE_HAS = {
     # in the device image too (KINDS.md's package list), so left behind: 12 MiB of headroom
     *"pillow requests urllib3 certifi idna charset-normalizer attrs aiohttp multidict yarl frozenlist".split(),
     *"aiosignal propcache aiohappyeyeballs anyio h11 httpcore pyparsing prometheus-client msgpack ninja".split(),
-    *"einops nvidia-ml-py tabulate colorama".split(),
+    *"einops nvidia-ml-py tabulate colorama httpx".split(),
 }
 PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--only-binary=:all:"]
 PLATFORM += [f"--platform={tag}" for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")]

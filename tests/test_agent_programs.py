@@ -200,6 +200,13 @@ def test_a_program_that_cannot_run_is_refused_with_the_config(fields, message):
         AgentLoopConfig(**fields)
 
 
+@pytest.mark.parametrize("fields", [{"program": "helpers.programs:adder"}, {"tools": ["helpers.agents:add"]}])
+def test_a_saved_config_loads_back_with_every_field_named(fields):
+    """A run's config.yaml names every field, defaults too: nothing it holds is refused on resume."""
+    saved = AgentLoopConfig(**fields).model_dump()
+    assert AgentLoopConfig(**saved).model_dump() == saved
+
+
 def test_the_endpoint_lists_its_model_and_refuses_an_unknown_key(sampler, tokenizer):
     import openai
 

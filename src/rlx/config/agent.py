@@ -71,15 +71,21 @@ class AgentLoopConfig(Section):
             self._program_loads()
         else:
             self.toolbox()  # fail at configuration time, naming the entry, not in the middle of a run
-        if self.program is None and "program_timeout" in self.model_fields_set:
+        if self.program is None and self.program_timeout != self._default("program_timeout"):
             raise ValueError("program_timeout acts only with program")
         return self
+
+    @classmethod
+    def _default(cls, name: str):
+        """A field's default: a setting that cannot act is refused when it differs from it (a run's saved
+        config names every field, so being set says nothing)."""
+        return cls.model_fields[name].default
 
     def _program_loads(self) -> None:
         """The program imported (or its command found), and no tool setting it would leave unread."""
         from rlx.plugins import AgentProgram
 
-        if "tool_timeout" in self.model_fields_set:
+        if self.tool_timeout != self._default("tool_timeout"):
             raise ValueError("tool_timeout: the program runs its own tools (program_timeout bounds it); leave it out")
         try:
             AgentProgram.load(self.program)
