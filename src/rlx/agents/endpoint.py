@@ -26,7 +26,7 @@ from rlx.config import SampleParams
 
 MODEL = "rlx-policy"
 CLOSE_S = 1.0  # seconds calls still in flight as the step ends may take (their programs have ended)
-RUN_FIXED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed"}
+RUN_FIXED = ("temperature", "top_p", "top_k", "seed")  # sample_params' fields a call may not change
 
 
 class BadCall(Exception):
@@ -48,8 +48,8 @@ class Limits:
 
 def refused_sampling(body: dict, params: SampleParams) -> str | None:
     """The first sampling field the call sets to other than the run's value, described; None if none."""
-    for field, name in RUN_FIXED.items():
-        asked, fixed = body.get(field), getattr(params, name)
+    for field in RUN_FIXED:
+        asked, fixed = body.get(field), getattr(params, field)
         if asked is not None and asked != fixed and not (field == "top_k" and asked in (0, -1) and not fixed):
             return f"{field} {asked!r}: this run samples with {fixed!r} (its dataflow_config.sample_params)"
     if body.get("n", 1) != 1:

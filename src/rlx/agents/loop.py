@@ -178,9 +178,8 @@ class AgentLoop:
             messages.append({"role": "tool", "name": call.name, "content": text})
             arguments = call.raw if call.problem else json.dumps(call.arguments)
             trajectory.calls.append(
-                {"turn": trajectory.turns, "tool": call.name, "arguments": arguments, "result": text,
-                 "error": error, "timed_out": outcome.timed_out, "seconds": outcome.seconds}
-            )  # fmt: skip
+                call_record(trajectory.turns, call.name, arguments, text, error, outcome.timed_out, outcome.seconds)
+            )
         return messages
 
     def finish(self, trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -189,10 +188,7 @@ class AgentLoop:
         results = run_chains([[t.session.environment.reward] for t in scored], self.config.tool_timeout)
         for trajectory, (outcome,) in zip(scored, results, strict=True):
             trajectory.reward, trajectory.reward_error = number(outcome)
-        texts = decode_many(self.tokenizer, [t.response_ids for t in trajectories], self.params.skip_special_tokens)
-        for trajectory, text in zip(trajectories, texts, strict=True):
-            trajectory.text = text
-        return trajectories
+        return with_texts(self.tokenizer, trajectories, self.params.skip_special_tokens)
 
     def decode(self, ids: list[int]) -> str:
         return decode(self.tokenizer, ids, self.params.skip_special_tokens)
@@ -283,6 +279,22 @@ def run_to_end(coroutine) -> None:
         return
     with ThreadPoolExecutor(1, thread_name_prefix="rlx-agents") as thread:
         thread.submit(asyncio.run, coroutine).result()
+
+
+def call_record(
+    turn: int, tool: str, arguments: str, result: str | None, error: str | None, timed_out: bool, seconds
+) -> dict:
+    """One tool call as a rollout's ``tool_calls`` keep it, whoever ran it (the loop, or an agent program)."""
+    return {"turn": turn, "tool": tool, "arguments": arguments, "result": result, "error": error,
+            "timed_out": timed_out, "seconds": seconds}  # fmt: skip
+
+
+def with_texts(tokenizer, trajectories: list[Trajectory], skip_special_tokens: bool) -> list[Trajectory]:
+    """``trajectories`` with each whole response decoded (``text``, tool results included), in one batch."""
+    texts = decode_many(tokenizer, [t.response_ids for t in trajectories], skip_special_tokens)
+    for trajectory, text in zip(trajectories, texts, strict=True):
+        trajectory.text = text
+    return trajectories
 
 
 def every_outcome(calls: list[ToolCall], ran: list[Outcome]) -> list[Outcome]:

@@ -23,14 +23,13 @@ from numbers import Real
 
 from rlx.agents.calls import EventLoopThread, settled
 from rlx.agents.endpoint import Endpoint, Limits
-from rlx.agents.loop import PROGRAM_FAILED, AgentLoop, Trajectory, TurnRequests, run_to_end
+from rlx.agents.loop import PROGRAM_FAILED, AgentLoop, Trajectory, TurnRequests, run_to_end, with_texts
 from rlx.agents.sessions import AgentSession
 from rlx.agents.stopping import warn_still_running
 from rlx.agents.tools import Session
 from rlx.config import AgentLoopConfig, SampleParams
 from rlx.errors import UserError
 from rlx.plugins import AgentProgram
-from rlx.tokens import decode_many
 
 PROGRAM_LOOP = "rlx-program-loop"  # the name of the thread in-process programs run in
 CLOSE_S = 1.0  # seconds the programs' connection pool may take to close
@@ -184,10 +183,7 @@ class ProgramLoop:
 
     def finish(self, sessions: list[AgentSession], prompts: list[list[int]]) -> list[ProgramTrajectory]:
         trajectories = [finished(session, ids) for session, ids in zip(sessions, prompts, strict=True)]
-        texts = decode_many(self.tokenizer, [t.response_ids for t in trajectories], self.params.skip_special_tokens)
-        for trajectory, text in zip(trajectories, texts, strict=True):
-            trajectory.text = text
-        return trajectories
+        return with_texts(self.tokenizer, trajectories, self.params.skip_special_tokens)
 
 
 async def within_deadline(running, session: AgentSession, timeout: float) -> object:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from rlx.agents.format import parse_calls, shown_results, tool_turn_ids
-from rlx.agents.loop import Trajectory
+from rlx.agents.loop import Trajectory, call_record
 from rlx.agents.tools import Session
 from rlx.samplers.types import Generation
 from rlx.store import faults
@@ -70,11 +70,10 @@ def openai_message(text: str, raw: str, tools: list[dict] | None, turn: int) -> 
     message = {"role": "assistant", "content": content.strip() if calls else text}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    record = [  # the built-in loop's record of a call (rlx.agents.loop.AgentLoop.record_calls), and its id
-        {"turn": turn, "tool": call.name, "arguments": json.dumps(call.arguments), "result": None, "error": None,
-         "timed_out": False, "seconds": None, "id": made["id"]}
+    record = [  # the result, its error and seconds come with the program's next call (shown_turn); and its id
+        call_record(turn, call.name, json.dumps(call.arguments), None, None, False, None) | {"id": made["id"]}
         for call, made in zip(calls, tool_calls, strict=True)
-    ]  # fmt: skip
+    ]
     return message, record
 
 
@@ -141,9 +140,10 @@ class AgentSession:
         extends = len(canon) > len(self.seen) and canon[: len(self.seen)] == self.seen and tools == self.tools
         if self.trajectory is not None and extends:
             since = time.perf_counter() - self.replied_at
-            added = messages[len(self.seen) :]
-            turn = shown_turn(self.tokenizer, added, self.trajectory.calls, self.tool_limit, since)
-            added = tool_turn_ids(self.tokenizer, turn)
+            new = messages[len(self.seen) :]
+            added = tool_turn_ids(
+                self.tokenizer, shown_turn(self.tokenizer, new, self.trajectory.calls, self.tool_limit, since)
+            )
             self.trajectory.append(added, 0, [None] * len(added))
             faults.point("agent.tool_results")
         else:
