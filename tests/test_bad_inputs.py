@@ -124,6 +124,34 @@ def rollouts_of(*data_sources: str) -> Callable[[Path, dict], None]:
     return setup
 
 
+def perturbed(folder: Path) -> None:
+    """Other weights than the student's (a teacher that is no copy of it)."""
+    from safetensors.torch import save_file
+
+    weights = load_file(folder / "model.safetensors")
+    first = sorted(weights)[0]
+    weights[first] = weights[first] + 0.01
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def a_run_with_no_steps(folder: Path, inputs: dict) -> None:
+    (folder / "older").mkdir()
+    (folder / "older" / "config.yaml").write_text("seed: 1\n")
+
+
+def commented_template(folder: Path) -> None:
+    template = folder / "chat_template.jinja"
+    template.write_text(template.read_text() + "{# a teacher's own template #}")
+
+
+FIT = ["fit", "{params}"]
+
+
+def teacher(path: str, extra: str = "") -> str:
+    """A -S override naming one teacher, its braces doubled for the row's ``str.format``."""
+    return f"teacher_config={{{{teachers: [{{{{name: t, path: {path}{extra}}}}}]}}}}"
+
+
 GOOD_ROW = '{"data_source": "rlx/arith", "prompt": [{"role": "user", "content": "What is 2 + 2?"}], "reward_model": {"ground_truth": "4"}}\n'  # noqa: E501
 PREPARE = ["stage", "prepare", "{params}"]
 OWN_DATA = ["-S", "replay_buffer_config.dataset_cfg.0.anno_path={d}/rows.jsonl"]
@@ -195,7 +223,27 @@ ROWS = [
     Row("-S past a list's end", ["config", "show", "{params}", "-S", "replay_buffer_config.dataset_cfg.3.name=x"],
         "override path replay_buffer_config.dataset_cfg.3: expected a list index below 1, got '3'"),
     Row("unknown stage", ["stage", "nope", "{params}"],
-        "unknown stage 'nope'; stages: base, prepare, rollout, judge, train, checkpoint, evaluate, export"),
+        "unknown stage 'nope'; stages: base, teachers, prepare, rollout, judge, teacher, train, checkpoint, evaluate, "
+        "export"),
+    # ---- teachers (on-policy distillation): refused before anything is written
+    Row("teacher path missing", [*FIT, "-S", teacher("{d}/absent")],
+        "teacher_config.teachers.0.path {d}/absent: no such folder (a HF model folder, or an rlx run's work_dir "
+        "with step)"),
+    Row("teacher is the student's folder", [*FIT, "-S", teacher("{model}")],
+        "teacher_config.teachers.0.path {model}: is the student's own model (load_from); a teacher must differ"),
+    Row("teacher is a copy of the student", [*FIT, "-S", teacher("{d}/copy")],
+        "teacher_config.teachers.0.path {d}/copy: is the student's own model (load_from); a teacher must differ",
+        setup=copy_model("copy", lambda folder: None)),
+    Row("teacher step the run lacks", [*FIT, "-S", teacher("{d}/older", ", step: 7")],
+        "teacher_config.teachers.0.step 7: {d}/older has no such step (its steps: none)", setup=a_run_with_no_steps),
+    Row("teacher of another chat template", [*FIT, "-S", teacher("{d}/other")],
+        "teacher_config.teachers.0 (t): its tokenizer {d}/other has another chat template than the student's "
+        "tokenizer_path {model}; a teacher must share the student's tokenizer",
+        setup=copy_model("other", lambda folder: (perturbed(folder), commented_template(folder)))),
+    Row("teacher routed to a data_source no row has",
+        [*FIT, "-S", teacher("{d}/other", ", data_source: [gsm8k]")],
+        "teacher_config.teachers.0.data_source ['gsm8k']: no training row has it (the datasets' data sources: "
+        "['rlx/arith'])", setup=copy_model("other", perturbed)),
     # ---- files the params name
     Row("tokenizer_path missing", [*PREPARE, "-S", "tokenizer_path={d}/absent"],
         "tokenizer_path {d}/absent: no tokenizer there (build the demo model with `dvc repro`)"),

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.slow
 
 LANGUAGES = ("bash", "python", "yaml", "console", "text")
 MARK = re.compile(r"\*Not run by the tests: (?P<reason>[^*]+)\*$")
-MARKED = 6  # blocks that say why they are not run: make fit/test, XTuner's and its 8-GPU twin, two figures' runs,
-# the agent demo's half hour, jupyter lab
+MARKED = 7  # blocks that say why they are not run: make fit/test, XTuner's and its 8-GPU twin, two figures' runs,
+# the agent demo's half hour, the distillation demo's four runs, jupyter lab
 NAMED_FILE = re.compile(r"^# (?P<name>[\w.-]+\.(py|yaml))\n")
 
 

@@ -30,6 +30,7 @@ from rlx.lineage.record import edit_params
 from rlx.run.worklock import hold_work_dir
 from rlx.store.faults import POINTS
 from rlx.store.layout import ITERATION, RunLayout
+from test_distill import TEACHER_KILLS  # tested by a distillation run's kills
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ CHAINS = {
 }
 AGENT_KILL = "agent.tool_results"  # tested by the agent run's kill, below
 chained = {p.partition("@")[0] for chain in CHAINS.values() for p in chain}
-assert chained | {AGENT_KILL} == set(POINTS), "a fault point is untested"
+assert chained | {AGENT_KILL} | set(TEACHER_KILLS) == set(POINTS), "a fault point is untested"
 
 
 @pytest.fixture(scope="module")

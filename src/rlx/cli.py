@@ -330,6 +330,20 @@ def show(
     samples = explored.samples(step)
     title = f"{explored.name}, step {step}: mean reward {samples['reward'].mean():.3f}"
     console.print(response_table(samples.head(rows).to_dict("records"), title))
+    if "reverse_kl" in samples:
+        show_disagreements(explored.disagreements(step, top=10), step)
+
+
+def show_disagreements(tokens, step: int) -> None:
+    """A distilled step's tokens where the student's log-prob is furthest from its teacher's."""
+    from rich.table import Table
+
+    table = Table("group.sample", "position", "token", "student", "teacher", "gap", "teacher name",
+                  title=f"step {step}: where the student disagrees most with its teacher (log-probs)")  # fmt: skip
+    for row in tokens.itertuples():
+        table.add_row(f"{row.group}.{row.sample}", str(row.position), repr(row.text), f"{row.student:.3f}",
+                      f"{row.teacher:.3f}", f"{row.gap:+.3f}", row.teacher_name)  # fmt: skip
+    console.print(table)
 
 
 @app.command("compare")

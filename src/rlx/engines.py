@@ -32,6 +32,7 @@ from rlx.tasks.data import PromptPool
 from rlx.training import lora
 from rlx.training.loading import load_policy, load_tokenizer
 from rlx.training.restore import checked, checkpointed_trainer, replay_root
+from rlx.training.teachers import Teacher, load_teacher
 from rlx.training.trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Engines:
         self._whole, self._whole_step = None, None  # under ZeRO-3: the trainer's policy gathered whole, to sample from
         self._lmdeploy = None  # the run's LMDeploy engine, once started
         self._lmdeploy_step: int | None = None
+        self._teachers = {}  # on-policy distillation's teacher models, by name
         self.replay_seconds = 0.0  # spent re-creating policies from checkpoints (`rlx fit` logs it as time/replay)
 
     @cached_property
@@ -68,6 +70,13 @@ class Engines:
         """The frozen base model, loaded only when a KL term needs it (not under LoRA: the trainer's
         base with its adapter switched off is the reference)."""
         return self.load(self.config.load_from, self.config.rollout_config.dtype).requires_grad_(False)
+
+    def teacher(self, teacher: Teacher):
+        """A teacher's model (rlx.training.teachers), loaded on first use and kept: one copy in the process,
+        however many steps it scores; a run's step re-created through that run's own engines."""
+        if teacher.name not in self._teachers:
+            self._teachers[teacher.name] = load_teacher(teacher, self.config, lambda run: Engines(run, self.replay))
+        return self._teachers[teacher.name]
 
     @property
     def base(self) -> Path:

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import yaml
 
 from rlx.config import rollout_policy_step, staleness
@@ -119,8 +120,10 @@ class Run:
         rollouts = table(paths.rollouts).drop(columns=[VERDICT], errors="ignore")  # judged has it
         judged = table(paths.judged).drop(columns=["step", "group", "sample"])
         update = table(paths.update) if paths.update.is_file() else pd.DataFrame(index=judged.index)
+        taught = checked_table(paths, paths.teacher)[["teacher", "reverse_kl"]] if self.distilled(step) else None
         prompts = table(paths.prompts)[["group", "dataset", "index"]]
-        frame = pd.concat([rollouts.reset_index(drop=True), judged.reset_index(drop=True), update], axis=1)
+        parts = [rollouts.reset_index(drop=True), judged.reset_index(drop=True), update, taught]
+        frame = pd.concat([part for part in parts if part is not None], axis=1)
         frame = frame.merge(prompts, on="group", how="left")
         frame["question"] = frame["prompt"].map(lambda p: json.loads(p)[-1]["content"])
         group_rewards = frame.groupby("group")["reward"]
@@ -157,6 +160,44 @@ class Run:
                 "logprob": list(row["rollout_logprobs"]),
             }
         )
+
+    def teacher_tokens(self, step: int, group: int, sample: int) -> pd.DataFrame:
+        """A distilled response token by token (``teacher_config``): its text, the student's sampled log-prob,
+        the teacher's, and ``gap`` (student less teacher: positive where the student is surer than its teacher,
+        the tokens the distillation pushes down)."""
+        frame = self.disagreements(step, top=None)
+        picked = frame[(frame["group"] == group) & (frame["sample"] == sample)]
+        if picked.empty:
+            raise UserError(f"{self.work_dir}: step {step} has no taught response of group {group}, sample {sample}")
+        return picked.sort_values("position").reset_index(drop=True)
+
+    def disagreements(self, step: int, top: int | None = 20) -> pd.DataFrame:
+        """The step's response tokens where the student disagrees most with its teacher (largest ``gap``,
+        log p_student - log p_teacher, in either direction), one row per token: ``top`` of them (None: all)."""
+        paths = self._step_dir(step)
+        if not self.distilled(step):
+            raise UserError(f"{self.work_dir}: step {step} was not distilled (no teacher_config in its run)")
+        rollouts, teachers = checked_table(paths, paths.rollouts), checked_table(paths, paths.teacher)
+        tokenizer = self.tokenizer()
+        rows = []
+        for rollout, taught in zip(rollouts.itertuples(), teachers.itertuples(), strict=True):
+            if taught.teacher is None:
+                continue
+            for position, (token, student, teacher) in enumerate(
+                zip(rollout.response_ids, rollout.rollout_logprobs, taught.teacher_logprobs, strict=True)
+            ):
+                if teacher is not None:
+                    rows.append({"group": rollout.group, "sample": rollout.sample, "position": position,
+                                 "text": tokenizer.decode([token]), "student": student, "teacher": teacher,
+                                 "gap": student - teacher, "teacher_name": taught.teacher})  # fmt: skip
+        frame = pd.DataFrame(rows)
+        ranked = frame.reindex(frame["gap"].abs().sort_values(ascending=False).index)
+        return ranked.reset_index(drop=True) if top is None else ranked.head(top).reset_index(drop=True)
+
+    def distilled(self, step: int) -> bool:
+        """Whether the step was distilled: its teacher stage wrote rows (none without teacher_config)."""
+        paths = self.layout.step(step)
+        return paths.teacher.is_file() and pq.read_metadata(paths.teacher).num_rows > 0
 
     def _agent_rollout(self, step: int, group: int, sample: int) -> pd.Series:
         paths = self._step_dir(step)

@@ -35,6 +35,7 @@ from rlx.config.rollout import (
     RolloutConfig,
     SampleParams,
 )
+from rlx.config.teacher import TeacherConfig, TeacherItemConfig
 from rlx.config.trainer import (
     LoadCheckpointConfig,
     RLTrainerConfig,
@@ -62,7 +63,8 @@ __all__ = [
     "DatasetConfig", "DeepSpeedConfig", "EvalDatasetConfig", "EvaluatorConfig", "JudgerConfig", "JudgerItemConfig",
     "KLControlConfig", "LRConfig", "LoadCheckpointConfig", "LoraConfig", "LossConfig", "OverlongBufferConfig",
     "PolicyLossConfig", "RLTrainerConfig", "ReplayBufferConfig", "RolloutConfig", "RolloutCorrectionConfig",
-    "RunPointer", "SampleParams", "Section", "SyntheticTaskConfig", "TinyModelConfig", "WandbConfig", "WorkerConfig",
+    "RunPointer", "SampleParams", "Section", "SyntheticTaskConfig", "TeacherConfig",
+    "TeacherItemConfig", "TinyModelConfig", "WandbConfig", "WorkerConfig",
     "apply_override", "changed", "json_schema", "load", "overrides_between", "preset_overrides", "read_yaml",
     "rollout_policy_step", "staleness", "to_yaml", "unsupported_reason", "validated",
 ]  # fmt: skip

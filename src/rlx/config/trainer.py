@@ -16,6 +16,7 @@ from rlx.config.fields import Section, unsupported
 from rlx.config.judging import JudgerConfig
 from rlx.config.project import SyntheticTaskConfig, TinyModelConfig
 from rlx.config.rollout import AcceleratorResourcesConfig, CPUResourcesConfig, DataFlowConfig, RolloutConfig
+from rlx.config.teacher import TeacherConfig
 from rlx.config.training import AdvantageEstimatorConfig, WorkerConfig
 
 LOAD_CHECKPOINT = "rlx resumes a run from its own work_dir (auto_resume) and starts from load_from; to start from "
@@ -151,6 +152,9 @@ class RLTrainerConfig(Section):
     train_worker_cfg: WorkerConfig = Field(default_factory=WorkerConfig)
     evaluator_config: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     advantage_estimator_config: AdvantageEstimatorConfig = Field(default_factory=AdvantageEstimatorConfig)
+    teacher_config: TeacherConfig | None = Field(
+        None, description="rlx addition: on-policy distillation from teachers (null: learn from the reward only)."
+    )
     load_checkpoint_cfg: LoadCheckpointConfig = Field(default_factory=LoadCheckpointConfig)
     synthetic_task: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig)
     tiny_model: TinyModelConfig = Field(default_factory=TinyModelConfig)

@@ -174,14 +174,14 @@ def record_step(params: Path, layout: RunLayout, step: int, checkpoint: int, max
     copy of the lock in the step's folder; returns the seconds it took and the CPU seconds it used (what
     it took from generation and training on a small machine).
 
-    Every stage of the iteration depends on ``run.step``, so each step commits them all, except two:
-    ``base`` reads no run pointer, and ``checkpoint`` only ``run.checkpoint``. This process commits
-    ``base`` once and ``checkpoint`` when its checkpoint moves; nothing else they read changes while the
-    run goes on (a rerun is a new process and commits both again), which spares a sixth of the
-    record's CPU."""
+    Every stage of the iteration depends on ``run.step``, so each step commits them all, except three:
+    ``base`` and ``teachers`` read no run pointer, and ``checkpoint`` only ``run.checkpoint``. This process
+    commits ``base`` and ``teachers`` once and ``checkpoint`` when its checkpoint moves; nothing else they
+    read changes while the run goes on (a rerun is a new process and commits them again), which spares a
+    sixth of the record's CPU."""
     started, used = time.perf_counter(), time.process_time()
     point_at_step(params, step, checkpoint, max_staleness)
-    steady = {"base": (), "checkpoint": (checkpoint,)}  # the stages that do not read run.step: what they read
+    steady = {"base": (), "teachers": (), "checkpoint": (checkpoint,)}  # not reading run.step: what they read
     project = params.parent.resolve()
     names = [name for name in STAGES if name not in steady or _committed.get((project, name)) != steady[name]]
     dvc_commit(params.parent, names)

@@ -33,7 +33,7 @@ from rlx.run.tracking import Tracker
 from rlx.stages import is_complete, refresh_curves, run_stage
 from rlx.stages.checkpoint import is_due
 from rlx.store.artifacts import read_json, write_text
-from rlx.store.layout import ITERATION, RunLayout
+from rlx.store.layout import ITERATION, SETUP, RunLayout
 from rlx.tasks.data import run_length
 from rlx.workers.group import warm_engines
 from rlx.workers.home import take_counters
@@ -136,8 +136,9 @@ def run_step(config: RLTrainerConfig, step: int, total: int, engines: Engines, c
 
 
 def run_base(config: RLTrainerConfig, engines: Engines) -> None:
-    """Step 0: the base model's fingerprint and evaluation, then checkpoint 0 (unless already done)."""
-    for name in ("base", "checkpoint"):
+    """Step 0: the base model's fingerprint and evaluation, who teaches the run, then checkpoint 0 (unless
+    already done)."""
+    for name in (*SETUP, "checkpoint"):
         if not is_complete(name, 0, RunLayout(config.work_dir)):
             run_stage(name, config, 0, engines)
 

@@ -175,8 +175,26 @@ def check_inputs(config: RLTrainerConfig) -> None:
     if ready(config.load_from):
         tokenizer = check_model(config)
         check_sizes(config)
+        check_teachers(config, tokenizer, [row for path in train for row in rows.get(path, [])])
         if all(ready(path) for path in train):
             PromptPool.load(config, tokenizer).steps_per_epoch(config.dataflow_config.global_batch_size)
+
+
+def check_teachers(config: RLTrainerConfig, tokenizer, rows: list[dict]) -> None:
+    """Each teacher is there (a model folder, or a step its run holds), is not the student, shares the
+    student's tokenizer, and is routed only to data sources the training rows have."""
+    from rlx.training.teachers import check_tokenizer, located
+
+    for teacher in located(config):
+        check_tokenizer(teacher, tokenizer, config)
+    sources = {row["data_source"] for row in rows}
+    for i, item in enumerate(config.teacher_config.teachers if config.teacher_config and rows else []):
+        unknown = sorted(set(item.data_source or []) - sources)
+        if unknown:
+            raise UserError(
+                f"teacher_config.teachers.{i}.data_source {unknown}: no training row has it (the datasets' "
+                f"data sources: {sorted(sources)})"
+            )
 
 
 def check_judging(config: RLTrainerConfig, rows: dict[Path, list[dict]]) -> None:

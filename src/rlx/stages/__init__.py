@@ -25,9 +25,12 @@ from rlx.errors import UserError, first_line
 from rlx.store import faults
 from rlx.store.artifacts import read_json, write_json
 from rlx.store.integrity import first_changed, folder_records
-from rlx.store.layout import STAGES, RunLayout
+from rlx.store.layout import SETUP, STAGES, RunLayout
 
 log = logging.getLogger(__name__)
+# The stages in the order their seeds were first numbered: a stage added later goes at the end, so that no
+# earlier stage's numbers (and no recorded run) change.
+SEEDED = ["base", "prepare", "rollout", "judge", "train", "checkpoint", "evaluate", "export", "teachers", "teacher"]
 
 
 def module(name: str) -> ModuleType:
@@ -37,8 +40,8 @@ def module(name: str) -> ModuleType:
 
 
 def step_of(name: str, step: int) -> int:
-    """``base`` always produces step 0; the others produce the step they are given."""
-    return 0 if name == "base" else step
+    """``base`` and ``teachers`` always produce step 0; the others produce the step they are given."""
+    return 0 if name in SETUP else step
 
 
 def output_files(name: str, paths) -> list[Path]:
@@ -84,7 +87,7 @@ def is_complete(name: str, step: int, layout: RunLayout) -> bool:
 def reseed(config: RLTrainerConfig, name: str, step: int) -> None:
     """Seed every RNG from (seed, step, stage), so a stage draws the same numbers whatever ran before it in
     this process: a resumed run, which did not run the earlier stages, must match an uninterrupted one."""
-    seed = (seeds.derive(config.seed, step) * len(STAGES) + STAGES.index(name)) % 2**32
+    seed = (seeds.derive(config.seed, step) * len(SEEDED) + SEEDED.index(name)) % 2**32
     random.seed(seed)
     torch.manual_seed(seed)
 

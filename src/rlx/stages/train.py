@@ -42,7 +42,7 @@ def clip_cannot_act(config: RLTrainerConfig) -> str | None:
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     """Update the policy of step - 1 with the step's judged rollouts; record the update's numbers and
     the new weights' fingerprint (the weights themselves are the checkpoint stage's)."""
-    missing = [p.name for p in (paths.rollouts, paths.judged) if not p.is_file()]
+    missing = [p.name for p in inputs(config, paths) if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"{paths.dir}: no {' or '.join(missing)}")
     trainer = engines.trainer(step - 1)
@@ -63,6 +63,11 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
     return metrics
 
 
+def inputs(config: RLTrainerConfig, paths: StepPaths) -> list:
+    """The step's files an update reads: its rollouts, their rewards and, when distilling, the teachers' scores."""
+    return [paths.rollouts, paths.judged, *([paths.teacher] if config.teacher_config else [])]
+
+
 def replay(config: RLTrainerConfig, trainer, steps: range, engines) -> None:
     """Re-apply the recorded updates of ``steps`` to ``trainer`` (no generation: the judged rollouts are
     on disk), checking the weights against each step's recorded fingerprint."""
@@ -71,7 +76,7 @@ def replay(config: RLTrainerConfig, trainer, steps: range, engines) -> None:
     layout, phase = RunLayout(config.work_dir), Phase(f"replaying steps {steps[0]}-{steps[-1]}", len(steps))
     for step in steps:
         paths = layout.step(step)
-        missing = [p.name for p in (paths.rollouts, paths.judged, paths.weights_fingerprint) if not p.is_file()]
+        missing = [p.name for p in (*inputs(config, paths), paths.weights_fingerprint) if not p.is_file()]
         if missing:
             raise UserError(
                 f"cannot re-create the policy of step {steps[-1]} of {layout.work_dir}: step {step}'s "

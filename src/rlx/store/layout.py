@@ -4,10 +4,12 @@
 <work_dir>/
   step-0/fingerprint.json         base: the base model's weights fingerprint (rlx.lineage.fingerprint)
   step-0/eval_samples.parquet     the base policy's evaluation (evaluator_config.enable_initial_evaluate)
+  step-0/teachers.json            teachers: each teacher's source and fingerprint (teacher_config; {} without)
   step-0/policy/, trainer_state/  checkpoint 0: the base model and an empty optimizer state, the root of replay
   step-N/prompts.parquet          prepare: the step's prompt groups
   step-N/rollouts.parquet         rollout: token ids, text, log-probs, finish reason, lengths
   step-N/judged.parquet           judge: rewards per judger and in total, extracted answers, correctness
+  step-N/teacher.parquet          teacher: per response, the teacher's log-prob of each token (no rows without)
   step-N/update.parquet           train: per response, the reward, KL, advantage and importance weights the update used
   step-N/fingerprint.json         train: the fingerprint of the policy after the update
   step-N/policy/                  checkpoint (every checkpoint_interval and at the end): the policy (HF folder)
@@ -42,8 +44,9 @@ from rlx.store.integrity import first_changed
 REMAKE = (
     "rlx reads a run's files only as it wrote them: restore it, or delete {step} and rerun `rlx fit` to make it again"
 )
-ITERATION = ["prepare", "rollout", "judge", "train", "checkpoint", "evaluate", "export"]  # every step's stages
-STAGES = ["base", *ITERATION]  # base: step 0, the starting policy and its evaluation
+ITERATION = ["prepare", "rollout", "judge", "teacher", "train", "checkpoint", "evaluate", "export"]  # every step's
+STAGES = ["base", "teachers", *ITERATION]  # base, teachers: step 0, the starting policy and who teaches it
+SETUP = ("base", "teachers")  # the stages of step 0 (besides its checkpoint)
 POLICY_MARKS = ("config.json", "adapter_config.json")  # a policy folder: a full model, or a LoRA adapter
 
 
@@ -77,6 +80,8 @@ class StepPaths:
     run_length = _file("run_length.json")  # the run's length in steps, as prepare computed it
     rollouts = _file("rollouts.parquet")
     judged = _file("judged.parquet")
+    teachers = _file("teachers.json")  # step 0's: who teaches the run
+    teacher = _file("teacher.parquet")
     update = _file("update.parquet")
     weights_fingerprint = _file("fingerprint.json")
     policy = _file("policy")

@@ -45,6 +45,7 @@ class Micro:
     weight: float  # 1, or 0 for a repeat that only keeps the ranks in step
     advantages: torch.Tensor | None = None
     token_weights: torch.Tensor | None = None
+    distill: torch.Tensor | None = None  # on-policy distillation's part of the advantages, per token
 
 
 def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, sampling: SampleParams, norm_length: int):
@@ -87,12 +88,16 @@ def micro_loss(trainer, micro: Micro, loss_cfg: LossConfig, sampling: SamplePara
 
 def rollout_logprobs(rollouts: list[dict], indices: list[int], like: torch.Tensor) -> torch.Tensor:
     """The rollout engine's log-probs laid out like the trainer's ``[B, T - 1]`` tensor."""
+    return per_token(rollouts, [rollouts[i]["rollout_logprobs"] for i in indices], indices, like)
+
+
+def per_token(rollouts: list[dict], values: list[list], indices: list[int], like: torch.Tensor) -> torch.Tensor:
+    """Per response token ``values`` of the rollouts at ``indices`` (None at a tool's token: 0) laid out like
+    the trainer's ``[B, T - 1]`` tensor."""
     out = torch.zeros_like(like)
-    for row, index in enumerate(indices):
-        sample = rollouts[index]
-        start = sample["prompt_len"] - 1
-        logprobs = [0.0 if value is None else value for value in sample["rollout_logprobs"]]  # None: a tool's token
-        out[row, start : start + sample["response_len"]] = torch.tensor(logprobs)
+    for row, (index, tokens) in enumerate(zip(indices, values, strict=True)):
+        start = rollouts[index]["prompt_len"] - 1
+        out[row, start : start + len(tokens)] = torch.tensor([0.0 if v is None else v for v in tokens])
     return out
 
 

@@ -18,7 +18,7 @@ import torch
 
 from rlx import clock
 from rlx.algo import advantages as adv
-from rlx.algo import registry
+from rlx.algo import distill, registry
 from rlx.algo.correction import mismatch_metrics, weight_metrics
 from rlx.algo.kl import adaptive_kl_coef
 from rlx.config import RLTrainerConfig, staleness
@@ -36,6 +36,7 @@ from rlx.training.microbatch import (
     micro_loss,
     model_tokens,
     needs_reference,
+    per_token,
     prepare_micro_batches,
     response_mask,
     reuses_old_logprobs,
@@ -100,6 +101,9 @@ def score_batch(config: RLTrainerConfig, paths: StepPaths, engines, trainer) -> 
     )
     every = [m for micros in minis for m in micros]
     attach_weights(config.train_worker_cfg.loss_cfg.rollout_correction, every, advantages)
+    if config.teacher_config is not None:
+        teachers = read_rows(paths.checked(paths.teacher))
+        attach_distillation(config.teacher_config, every, advantages, rollouts, teachers)
     return Scored(rollouts, minis, rewards, kl, advantages, extra, timings)
 
 
@@ -114,6 +118,8 @@ def report(config: RLTrainerConfig, scored: Scored, metrics: dict) -> tuple[dict
     tokens = sum(row["prompt_len"] + row["response_len"] for row in rollouts)
     busy = timings["time/train/forward_backward"] + timings["time/train/optimizer"]
     metrics.update(mismatch | corrected | scored.extra | timings)
+    if config.teacher_config is not None:
+        metrics.update(distillation_metrics(kept))
     metrics.update({"train/advantages/abs_mean": scored.advantages.abs().mean().item(), "train/tokens": tokens})
     metrics["train/world_size"] = distributed.world_size()
     metrics["perf/train_tokens_per_s"] = tokens / busy
@@ -169,6 +175,34 @@ def shaped_rewards(config: RLTrainerConfig, minis, judged: list[dict], kl_coef: 
     if ctrl.type == "adaptive":
         next_coef = adaptive_kl_coef(kl_coef, kl.mean().item(), ctrl.target_kl, ctrl.horizon, len(judged))
     return rewards - kl_coef * kl, kl, extra, next_coef
+
+
+def attach_distillation(teaching, micros: list[Micro], advantages: torch.Tensor, rollouts, teachers) -> None:
+    """Replace each micro-batch's advantages by per-token ones under on-policy distillation (rlx.algo.distill): the
+    teacher's signal on the student's sampled tokens (the rollout engine's log-probs, those that sampled
+    them) plus ``reward_coef`` x the reward's; a row no teacher scored keeps its reward's advantage."""
+    for micro in micros:
+        rows = [teachers[i] for i in micro.indices]
+        taught = torch.tensor([row["teacher"] is not None for row in rows], dtype=micro.batch.mask.dtype)
+        mask = micro.batch.mask * taught.unsqueeze(-1)
+        values = [row["teacher_logprobs"] or [] for row in rows]
+        teacher_logp = per_token(rollouts, values, micro.indices, micro.batch.mask)
+        micro.distill = distill.reverse_kl_advantages(micro.rollout_logp, teacher_logp, mask, teaching.kl_coef)
+        coef = torch.where(taught > 0, teaching.reward_coef, 1.0)
+        micro.advantages = distill.mixed_advantages(advantages[micro.indices], micro.distill, micro.batch.mask, coef)
+
+
+def distillation_metrics(kept: list[Micro]) -> dict:
+    """How much of the update's advantage came from the teachers: ``distill/advantage_share``, the
+    distillation part's share of the summed absolute per-token advantages (every rank's tokens)."""
+    mask = all_ranks(m.batch.mask for m in kept) > 0
+    taught = all_ranks(m.distill for m in kept)[mask]
+    reward = (all_ranks(m.advantages.expand_as(m.batch.mask) for m in kept)[mask] - taught).abs()
+    taught = taught.abs()
+    return {
+        "distill/advantage_share": (taught.sum() / (taught.sum() + reward.sum()).clamp(min=1e-12)).item(),
+        "distill/advantage_abs_mean": taught.mean().item() if taught.numel() else 0.0,
+    }
 
 
 def attach_weights(correction, micros: list[Micro], advantages: torch.Tensor) -> None:
