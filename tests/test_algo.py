@@ -11,7 +11,7 @@ import torch
 from rlx.algo import advantages, kl, registry
 from rlx.algo.losses import aggregate, policy_loss
 from rlx.config import ConfigError
-from rlx.training.microbatch import micro_batches
+from rlx.training.packing import micro_batches
 from rlx.training.trainer import TokenBatch, lr_factor, token_logprobs
 
 

@@ -48,9 +48,11 @@ def execute(name: str, parameters: str, folder: Path) -> None:
 
 @pytest.mark.parametrize("name", ["explore_rollouts", "rewards", "training_curves"])
 def test_notebook_runs_top_to_bottom_and_draws(name, runs, tmp_path, request):
-    """explore_rollouts shows an agent run's turns too (AGENT_RUN; the demo run is none)."""
+    """explore_rollouts shows an agent run's turns too (AGENT_RUN; the demo run is none) and a distilled run's
+    teacher log-probs (DISTILL_RUN; here the demo run, which says it was not distilled)."""
     agent = request.getfixturevalue("agent_run") / "runs/demo" if name == "explore_rollouts" else None
     parameters = f"RUN = {str(runs[0])!r}\nRUN_B = {str(runs[1])!r}\nSTEP = None\nAGENT_RUN = {str(agent)!r}"
+    parameters += "\nDISTILL_RUN = None"  # the demo run, not distilled (test_distill runs it on a distilled one)
     execute(name, parameters, tmp_path)
 
 

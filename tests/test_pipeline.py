@@ -163,9 +163,12 @@ def test_killed_fit_resumes_to_the_same_result(finished, tmp_path, tiny_model):
     assert dvc_status(resumed) == {}
 
 
-# Not here: async (tests/test_async.py runs it) and the agent demo's, which build a model of their own in
-# minutes (tests/test_agents.py runs their loop on a small model; tests/test_config.py loads them).
-PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.stem != "async" and not p.stem.startswith("agent"))
+# Not here: async (tests/test_async.py runs it), the agent demo's, which build a model of their own in
+# minutes (tests/test_agents.py runs their loop on a small model; tests/test_config.py loads them), and the
+# distillation demo's, whose teacher is the finished 30-step demo (tests/test_distill.py distills a real run).
+PRESETS = sorted(
+    p for p in (ROOT / "configs").glob("*.yaml") if p.stem != "async" and not p.stem.startswith(("agent", "distill"))
+)
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])

@@ -22,7 +22,7 @@ import torch
 from helpers.engine_pace import timed
 from rlx.training import trainer as trainer_module
 from rlx.training.flops import forward_flops, mfu, training_flops
-from rlx.training.microbatch import micro_batches
+from rlx.training.packing import micro_batches
 from rlx.training.trainer import TokenBatch, token_logprobs
 
 BASE = {"pack": 4096, "attention": "sdpa", "checkpointing": False, "logits_to_keep": True}

@@ -24,7 +24,7 @@ from rlx.config import RLTrainerConfig
 from rlx.errors import UserError
 from rlx.store.artifacts import read_json, read_rows, write_rows
 from rlx.store.layout import StepPaths
-from rlx.training.microbatch import micro_batches
+from rlx.training.packing import micro_batches
 from rlx.training.teachers import Teacher, located
 from rlx.training.trainer import TokenBatch, token_logprobs
 

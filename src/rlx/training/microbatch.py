@@ -14,21 +14,8 @@ from rlx.algo.correction import importance_weights
 from rlx.algo.losses import aggregate, policy_loss
 from rlx.config import LossConfig, RLTrainerConfig, RolloutCorrectionConfig, SampleParams
 from rlx.training import distributed
+from rlx.training.packing import micro_batches
 from rlx.training.trainer import TokenBatch
-
-
-def micro_batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
-    """Consecutive samples grouped so that count x longest length stays within the token budget
-    (a single longer sample gets a micro-batch of its own)."""
-    batches, current, longest = [], [], 0
-    for index in indices:
-        widest = max(longest, lengths[index])
-        if current and widest * (len(current) + 1) > budget:
-            batches.append(current)
-            current, widest = [], lengths[index]
-        current.append(index)
-        longest = widest
-    return [*batches, current] if current else batches
 
 
 @dataclass
