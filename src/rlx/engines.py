@@ -71,10 +71,12 @@ class Engines:
         base with its adapter switched off is the reference)."""
         return self.load(self.config.load_from, self.config.rollout_config.dtype).requires_grad_(False)
 
-    def teacher(self, teacher: Teacher):
-        """A teacher's model (rlx.training.teachers), loaded on first use and kept: one copy in the process,
-        however many steps it scores; a run's step re-created through that run's own engines."""
+    def teacher(self, teacher: Teacher, check: Callable[[], None]):
+        """A teacher's model (rlx.training.teachers), loaded on first use, after ``check`` (its fingerprint), and
+        kept: one copy in the process, however many steps it scores; a run's step re-created through that
+        run's own engines."""
         if teacher.name not in self._teachers:
+            check()
             self._teachers[teacher.name] = load_teacher(teacher, self.config, lambda run: Engines(run, self.replay))
         return self._teachers[teacher.name]
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from functools import partial
+from pathlib import Path
 
 import pyarrow as pa
 import torch
@@ -47,11 +49,16 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
         write_rows([], paths.teacher, schema=TEACHER_SCHEMA)
         return {}
     rows = [{"step": step, "group": r["group"], "sample": r["sample"]} for r in rollouts]
+    start = paths.run.step(0)
+    recorded = {name: record["fingerprint"] for name, record in read_json(start.checked(start.teachers)).items()}
     started, scored = time.perf_counter(), 0
     for teacher in located(config):
-        fingerprint = checked_fingerprint(teacher, paths)
         mine = [i for i, r in enumerate(rollouts) if routed_to(config, r["data_source"]) == teacher.name]
-        logprobs = score(engines.teacher(teacher), [rollouts[i] for i in mine], config, engines.tokenizer.pad_token_id)
+        if not mine:
+            continue
+        fingerprint = recorded.get(teacher.name)
+        model = engines.teacher(teacher, check=partial(check_fingerprint, teacher, fingerprint, start.teachers))
+        logprobs = score(model, [rollouts[i] for i in mine], config, engines.tokenizer.pad_token_id)
         for index, values in zip(mine, logprobs, strict=True):
             rows[index].update(teacher=teacher.name, teacher_fingerprint=fingerprint, teacher_logprobs=values)
             rows[index]["reverse_kl"] = reverse_kl(rollouts[index]["rollout_logprobs"], values)
@@ -65,18 +72,16 @@ def routed_to(config: RLTrainerConfig, data_source: str) -> str | None:
     return None if teacher is None else teacher.name
 
 
-def checked_fingerprint(teacher: Teacher, paths: StepPaths) -> str:
-    """The teacher's fingerprint, once it is the one the run recorded at its start (step 0's teachers.json)."""
-    start = paths.run.step(0)
-    recorded = read_json(start.checked(start.teachers)).get(teacher.name, {}).get("fingerprint")
+def check_fingerprint(teacher: Teacher, recorded: str | None, record: Path) -> None:
+    """Refuse a teacher whose weights are not those the run recorded at its start (step 0's teachers.json),
+    before it is loaded (once per process: the copy in memory cannot change)."""
     now = teacher.fingerprint()
     if now != recorded:
         raise UserError(
             f"{teacher.field} ({teacher.name}): {teacher.path}'s weights are not those the run started with "
-            f"(fingerprint {now[:12]}, recorded {str(recorded)[:12]} in {start.teachers}); a run's "
-            "teacher cannot change: restore it, or start a new run"
+            f"(fingerprint {now[:12]}, recorded {str(recorded)[:12]} in {record}); a run's teacher cannot "
+            "change: restore it, or start a new run"
         )
-    return now
 
 
 def score(model, rollouts: list[dict], config: RLTrainerConfig, pad_id: int) -> list[list[float | None]]:
