@@ -16,6 +16,7 @@ from conftest import child_env, fitted_copy, killed_and_resumed
 from rlx.algo.distill import mixed_advantages, reverse_kl_advantages
 from rlx.algo.losses import policy_loss
 from rlx.config import TeacherConfig
+from rlx.explore import Run
 from rlx.lineage.record import edit_params
 from rlx.store.artifacts import read_json, read_rows
 from rlx.store.layout import RunLayout
@@ -141,6 +142,15 @@ def test_a_run_is_taught_per_token_and_records_its_teacher(distill_run):
 
 
 @pytest.mark.slow
+def test_a_distilled_step_replays_from_its_recorded_scores(distill_run, tmp_path, monkeypatch):
+    """Step 1 has no checkpoint: materializing it replays its update from the teacher scores on disk (the
+    teacher is not loaded), checked against the step's recorded fingerprint."""
+    monkeypatch.chdir(distill_run)  # the run's paths are relative to its project
+    folder = Run(distill_run / "runs/demo").policy(1, tmp_path / "step-1")
+    assert (folder / "model.safetensors").is_file() and 1 not in RunLayout(distill_run / "runs/demo").checkpoints()
+
+
+@pytest.mark.slow
 def test_a_distillation_run_killed_in_its_teacher_stages_resumes_to_the_same_weights(
     distill_project, distill_run, tmp_path
 ):
@@ -163,7 +173,6 @@ def test_a_teacher_changed_in_place_since_the_run_started_is_refused(distill_run
 @pytest.mark.slow
 def test_show_and_the_notebook_put_the_teachers_log_probs_beside_the_students(distill_run, tmp_path, capsys):
     from rlx.cli import main
-    from rlx.explore import Run
     from test_notebooks import execute
 
     run = Run(distill_run / "runs/demo")
