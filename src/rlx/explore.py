@@ -33,9 +33,12 @@ from rlx.store.artifacts import read_json
 from rlx.store.integrity import file_hash, first_changed
 from rlx.store.layout import RunLayout, read_record
 from rlx.store.targets import FOLDER_MARK
+from rlx.tokens import decode_many
 
 log = logging.getLogger(__name__)
 MATERIALIZE = "rlx materialize"
+# a distilled step's scored tokens (Run.disagreements, Run.teacher_tokens)
+TAUGHT_COLUMNS = ["group", "sample", "position", "text", "student", "teacher", "gap", "teacher_name"]
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -165,34 +168,37 @@ class Run:
         """A distilled response token by token (``teacher_config``): its text, the student's sampled log-prob,
         the teacher's, and ``gap`` (student less teacher: positive where the student is surer than its teacher,
         the tokens the distillation pushes down)."""
-        frame = self.disagreements(step, top=None)
-        picked = frame[(frame["group"] == group) & (frame["sample"] == sample)]
+        picked = self._taught_tokens(step, lambda rollout: (rollout.group, rollout.sample) == (group, sample))
         if picked.empty:
             raise UserError(f"{self.work_dir}: step {step} has no taught response of group {group}, sample {sample}")
-        return picked.sort_values("position").reset_index(drop=True)
+        return picked
 
     def disagreements(self, step: int, top: int | None = 20) -> pd.DataFrame:
         """The step's response tokens where the student disagrees most with its teacher (largest ``gap``,
         log p_student - log p_teacher, in either direction), one row per token: ``top`` of them (None: all)."""
+        frame = self._taught_tokens(step, lambda rollout: True)
+        ranked = frame.reindex(frame["gap"].abs().sort_values(ascending=False).index).reset_index(drop=True)
+        return ranked if top is None else ranked.head(top)
+
+    def _taught_tokens(self, step: int, wanted) -> pd.DataFrame:
+        """Each token a teacher scored in the step's responses that are ``wanted``, in order: its text, the
+        student's and the teacher's log-probs and their gap."""
         paths = self._step_dir(step)
         if not self.distilled(step):
             raise UserError(f"{self.work_dir}: step {step} was not distilled (no teacher_config in its run)")
         rollouts, teachers = checked_table(paths, paths.rollouts), checked_table(paths, paths.teacher)
-        tokenizer = self.tokenizer()
-        rows = []
+        tokenizer, rows = self.tokenizer(), []
         for rollout, taught in zip(rollouts.itertuples(), teachers.itertuples(), strict=True):
-            if taught.teacher is None:
+            if taught.teacher is None or not wanted(rollout):
                 continue
-            for position, (token, student, teacher) in enumerate(
-                zip(rollout.response_ids, rollout.rollout_logprobs, taught.teacher_logprobs, strict=True)
-            ):
-                if teacher is not None:
-                    rows.append({"group": rollout.group, "sample": rollout.sample, "position": position,
-                                 "text": tokenizer.decode([token]), "student": student, "teacher": teacher,
-                                 "gap": student - teacher, "teacher_name": taught.teacher})  # fmt: skip
-        frame = pd.DataFrame(rows)
-        ranked = frame.reindex(frame["gap"].abs().sort_values(ascending=False).index)
-        return ranked.reset_index(drop=True) if top is None else ranked.head(top).reset_index(drop=True)
+            texts = decode_many(tokenizer, [[token] for token in rollout.response_ids], skip_special_tokens=False)
+            scored = zip(texts, rollout.rollout_logprobs, taught.teacher_logprobs, strict=True)
+            rows += [
+                (rollout.group, rollout.sample, position, text, student, teacher, student - teacher, taught.teacher)
+                for position, (text, student, teacher) in enumerate(scored)
+                if teacher is not None
+            ]
+        return pd.DataFrame(rows, columns=TAUGHT_COLUMNS)
 
     def distilled(self, step: int) -> bool:
         """Whether the step was distilled: its teacher stage wrote rows (none without teacher_config)."""
@@ -248,20 +254,16 @@ class Run:
         """The run's trainers, to read or re-create a policy, without its judge actors or rollout workers: in
         this process, or to replay updates, a group of as many workers as the run trained on (summed over
         that many ranks, its updates replay bitwise only there)."""
-        from rlx.config import load
+        from rlx.training.restore import config_to_read
         from rlx.workers.cluster import unanswered
         from rlx.workers.group import warm_engines
 
-        alone = [f"work_dir={self.work_dir}", "cpu_resources=null", "resources.num_rollout_workers=0"]
-        alone.append("display_all_workers_log=false")  # a run whose only actors were those has none here
-        if not replaying:  # a checkpoint is only read
-            alone += ["resources.num_workers=1", "resources.ray_address=null"]
-        config = load(self.layout.config, alone)
+        config = config_to_read(self.work_dir, replaying)
         if (address := config.resources.ray_address) and (problem := unanswered(address)):
             log.warning(
                 "the run's Ray cluster %s is gone (%s): its workers are started on this machine", address, problem
             )
-            config = load(self.layout.config, [*alone, "resources.ray_address=null"])
+            config = config_to_read(self.work_dir, replaying, ("resources.ray_address=null",))
         return warm_engines(config)
 
     def eval_samples(self, step: int) -> pd.DataFrame:

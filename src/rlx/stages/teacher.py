@@ -62,7 +62,7 @@ def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
         for index, values in zip(mine, logprobs, strict=True):
             rows[index].update(teacher=teacher.name, teacher_fingerprint=fingerprint, teacher_logprobs=values)
             rows[index]["reverse_kl"] = reverse_kl(rollouts[index]["rollout_logprobs"], values)
-        scored += sum(model_tokens(values) for values in logprobs)
+        scored += sum(scored_tokens(values) for values in logprobs)
     write_rows(rows, paths.teacher, schema=TEACHER_SCHEMA)
     return metrics(rollouts, rows, scored, time.perf_counter() - started)
 
@@ -107,7 +107,7 @@ def reverse_kl(student: list[float | None], teacher: list[float | None]) -> floa
     return sum(s - t for s, t in zip(student, teacher, strict=True) if t is not None)
 
 
-def model_tokens(values: list[float | None]) -> int:
+def scored_tokens(values: list[float | None]) -> int:
     return sum(value is not None for value in values)
 
 
@@ -118,7 +118,7 @@ def metrics(rollouts: list[dict], rows: list[dict], tokens: int, seconds: float)
         if row.get("teacher") is not None:
             for key in ("mean", rollout["data_source"]):
                 kl[key] += row["reverse_kl"]
-                counts[key] += model_tokens(row["teacher_logprobs"])
+                counts[key] += scored_tokens(row["teacher_logprobs"])
     out = {f"teacher/reverse_kl/{key}": kl[key] / max(1, counts[key]) for key in kl}
     out.update({"teacher/tokens": tokens, "teacher/tokens_per_s": tokens / max(seconds, 1e-9)})
     out["teacher/unscored_responses"] = sum(row.get("teacher") is None for row in rows)

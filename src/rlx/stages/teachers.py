@@ -19,8 +19,9 @@ draws_random_numbers = False
 
 
 def run(config: RLTrainerConfig, step: int, paths: StepPaths, engines) -> dict:
-    write_json({teacher.name: teacher.record() for teacher in located(config)}, paths.teachers)
-    return {"teacher/count": len(config.teacher_config.teachers) if config.teacher_config else 0}
+    records = {teacher.name: teacher.record() for teacher in located(config)}
+    write_json(records, paths.teachers)
+    return {"teacher/count": len(records)}
 
 
 def outputs(paths) -> list:

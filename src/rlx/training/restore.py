@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from rlx import seeds
-from rlx.config import RLTrainerConfig
+from rlx.config import RLTrainerConfig, load
 from rlx.errors import UserError
 from rlx.lineage.fingerprint import fingerprint, first_difference, parameter_names
 from rlx.store.artifacts import read_json
@@ -17,6 +17,18 @@ from rlx.store.layout import RunLayout
 from rlx.training.trainer import DEEPSPEED_TAG, PolicyTrainer
 
 log = logging.getLogger(__name__)
+
+
+def config_to_read(work_dir: Path, replaying: bool, overrides: tuple[str, ...] = ()) -> RLTrainerConfig:
+    """The configuration a run was made with, set to read or re-create its policies in this process (`rlx
+    materialize`, a distillation teacher): without its judge actors or rollout workers, and, when only a
+    checkpoint is read (not ``replaying``), without its workers; a replay keeps as many workers as the run
+    trained on (summed over that many ranks, its updates replay bitwise only there)."""
+    alone = [f"work_dir={work_dir}", "cpu_resources=null", "resources.num_rollout_workers=0"]
+    alone.append("display_all_workers_log=false")  # a run whose only actors were those has none here
+    if not replaying:
+        alone += ["resources.num_workers=1", "resources.ray_address=null"]
+    return load(RunLayout(work_dir).config, [*alone, *overrides])
 
 
 def has_optimizer_state(paths) -> bool:

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlx.config import RLTrainerConfig, TeacherItemConfig, load
+from rlx.config import RLTrainerConfig, TeacherItemConfig
 from rlx.errors import UserError
 from rlx.store.integrity import file_hash, folder_records
 from rlx.store.layout import RunLayout
 from rlx.training.loading import load_policy, load_tokenizer
+from rlx.training.restore import config_to_read
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def locate(item: TeacherItemConfig, field: str, config: RLTrainerConfig) -> Teac
     if not layout.step(item.step).weights_fingerprint.is_file():
         trained = layout.steps_with("fingerprint.json")
         raise UserError(f"{field}.step {item.step}: {path} has no such step (its steps: {trained or 'none'})")
-    run = teacher_run_config(path)
+    run = config_to_read(path, replaying=False)
     return Teacher(item.name, path, item.step, Path(run.tokenizer_path), Path(run.load_from), field)
 
 
@@ -84,12 +85,6 @@ def same_weights(a: Path, b: Path) -> bool:
     if not sizes[0] or sizes[0] != sizes[1]:
         return False
     return all(file_hash(a / name) == file_hash(b / name) for name, _ in sizes[0])
-
-
-def teacher_run_config(path: Path, overrides: tuple[str, ...] = ()) -> RLTrainerConfig:
-    """The configuration a teacher run was made with, set to read its policies in this process."""
-    alone = [f"work_dir={path}", "cpu_resources=null", "resources.num_rollout_workers=0"]
-    return load(RunLayout(path).config, [*alone, "display_all_workers_log=false", *overrides])
 
 
 def check_tokenizer(teacher: Teacher, student, config: RLTrainerConfig) -> None:
@@ -118,14 +113,12 @@ def load_teacher(teacher: Teacher, config: RLTrainerConfig, engines_for: Callabl
     newest one before it, each step checked against its recorded fingerprint."""
     if teacher.step is None:
         return load_policy(teacher.path, config.rollout_config.dtype, strict=config.strict_load).requires_grad_(False)
-    run = teacher_run_config(teacher.path)
     checkpointed = teacher.step in RunLayout(teacher.path).checkpoints()
+    run = config_to_read(teacher.path, replaying=not checkpointed)
     if run.resources.num_workers > 1 and not checkpointed:
         raise UserError(
             f"{teacher.field}: step {teacher.step} of {teacher.path} has no checkpoint and that run trained on "
             f"{run.resources.num_workers} workers, whose updates replay bitwise only on as many; write it once "
             f"(`rlx materialize {teacher.path} --step {teacher.step} --out models/NAME`) and teach from that folder"
         )
-    if checkpointed:
-        run = teacher_run_config(teacher.path, ("resources.num_workers=1", "resources.ray_address=null"))
     return engines_for(run).policy(teacher.step).requires_grad_(False).eval()
